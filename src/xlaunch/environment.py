@@ -1,0 +1,192 @@
+"""What machine is this? Answered from environment variables and files only.
+
+Detection must be safe to run in a notebook cell before any launch: importing ``torch_xla`` may
+block on the TPU metadata server and initialises nothing we can undo, and asking ``torch.cuda``
+creates a context that makes a later ``fork`` unusable. So everything here reads ``environ`` and
+files under ``root``, which also lets tests describe a fake machine as a directory tree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+TPU_PCI_VENDOR = "0x1ae0"
+
+# PCI device id -> (generation, cores per chip). 0x0056 and 0x0062 are ids torch_xla also treats
+# as TPUs (test parts); their generation is unknown.
+TPU_PCI_DEVICES: dict[str, tuple[str | None, int]] = {
+    "0x0027": ("v2/v3", 2),
+    "0x005e": ("v4", 1),
+    "0x0063": ("v5e", 1),
+    "0x0062": (None, 1),
+    "0x0056": (None, 1),
+    "0x006f": ("v6e", 1),
+    "0x0076": ("7x", 1),
+}
+
+ACCELERATOR_OVERRIDE = "XLAUNCH_ACCELERATOR"
+ACCELERATOR_CHOICES = ("tpu", "cuda", "cpu", "xla")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The machine as a launch sees it. Plain data: printing it is a bug report."""
+
+    platform: str  # colab | kaggle | cloud-tpu-vm | local
+    accelerator: str  # tpu | cuda | cpu
+    device_count: int  # TPU cores, GPUs, or CPU devices of the XLA path (1 on a plain CPU box)
+    tpu_generation: str | None = None
+    tpu_chips: int = 0
+    cores_per_chip: int = 0
+    interactive: bool = False
+    legacy_tpu_node: bool = False
+    # The PJRT device the XLA path runs on ("TPU" on a TPU; PJRT_DEVICE's value when
+    # XLAUNCH_ACCELERATOR=xla forces the XLA path elsewhere); None means the XLA path is not used.
+    xla_device: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def detect(environ: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/") -> Environment:
+    """Describe this machine from ``environ`` (default ``os.environ``) and files under ``root``."""
+    env = os.environ if environ is None else environ
+    base = Path(root)
+    platform = _platform(env)
+    interactive = _interactive(env, platform, check_process=environ is None)
+    override = env.get(ACCELERATOR_OVERRIDE, "").strip().lower()
+    if override and override not in ACCELERATOR_CHOICES:
+        raise ValueError(
+            f"{ACCELERATOR_OVERRIDE}={env[ACCELERATOR_OVERRIDE]!r} is not one of "
+            f"{', '.join(ACCELERATOR_CHOICES)}"
+        )
+
+    if override == "xla":
+        return _forced_xla(env, platform, interactive)
+
+    chips = _tpu_chips(base)
+    legacy_node = not chips and _names_tpu_node(env)
+    if override in ("", "tpu") and (chips or legacy_node):
+        if legacy_node:
+            # Colab's old TPU Node: a remote v2-8 reached over gRPC, no chips on this host.
+            generation, cores, count = "v2/v3", 2, 4
+        else:
+            generation, cores = _one_generation(chips)
+            count = len(chips)
+        if platform == "local":
+            platform = "cloud-tpu-vm"
+        return Environment(platform, "tpu", count * cores, generation, count, cores, interactive,
+                           legacy_node, "TPU")
+    if override == "tpu":
+        # Asked for a TPU on a host without chips: report what was asked, with no devices, so the
+        # planner can refuse with the reason instead of silently falling back.
+        return Environment(platform, "tpu", 0, None, 0, 0, interactive, False, "TPU")
+
+    gpus = _cuda_device_count(env, base)
+    if override in ("", "cuda") and gpus:
+        return Environment(platform, "cuda", gpus, interactive=interactive)
+    if override == "cuda":
+        return Environment(platform, "cuda", 0, interactive=interactive)
+    return Environment(platform, "cpu", 1, interactive=interactive)
+
+
+def _platform(env: Mapping[str, str]) -> str:
+    # Kaggle first: its image also sets COLAB_* variables.
+    if any(key.startswith("KAGGLE_") for key in env):
+        return "kaggle"
+    if any(key.startswith("COLAB_") for key in env):
+        return "colab"
+    if env.get("TPU_ACCELERATOR_TYPE") or env.get("TPU_WORKER_ID") is not None:
+        return "cloud-tpu-vm"
+    return "local"
+
+
+def _interactive(env: Mapping[str, str], platform: str, check_process: bool) -> bool:
+    if platform == "kaggle":
+        return env.get("KAGGLE_KERNEL_RUN_TYPE", "Interactive") == "Interactive"
+    if platform == "colab" or "JPY_PARENT_PID" in env:
+        return True
+    if check_process:
+        # A kernel started without Jupyter's variables (VS Code, papermill) still imports this.
+        return "ipykernel" in sys.modules
+    return False
+
+
+def _tpu_chips(base: Path) -> list[str]:
+    """PCI device ids of the TPU chips this host can open, one entry per chip."""
+    pci = base / "sys" / "bus" / "pci" / "devices"
+    try:
+        entries = sorted(pci.iterdir())
+    except OSError:
+        return []
+    chips = []
+    for entry in entries:
+        if _read(entry / "vendor") != TPU_PCI_VENDOR:
+            continue
+        device_id = _read(entry / "device")
+        if device_id in TPU_PCI_DEVICES:
+            chips.append(device_id)
+    if not chips:
+        return []
+    dev = base / "dev"
+    has_device_files = any(dev.glob("accel*")) or any(
+        p.name.isdigit() for p in (dev / "vfio").glob("*")
+    )
+    return chips if has_device_files else []
+
+
+def _one_generation(chips: list[str]) -> tuple[str | None, int]:
+    generation, cores = TPU_PCI_DEVICES[chips[0]]
+    return generation, cores
+
+
+def _names_tpu_node(env: Mapping[str, str]) -> bool:
+    return bool(env.get("COLAB_TPU_ADDR") or env.get("TPU_NAME"))
+
+
+def _forced_xla(env: Mapping[str, str], platform: str, interactive: bool) -> Environment:
+    device = env.get("PJRT_DEVICE", "CPU").strip().upper() or "CPU"
+    accelerator = {"TPU": "tpu", "CUDA": "cuda", "GPU": "cuda"}.get(device, "cpu")
+    if device == "CPU":
+        count = _positive_int(env.get("CPU_NUM_DEVICES"), 1)
+    elif accelerator == "cuda":
+        count = _positive_int(env.get("GPU_NUM_DEVICES"), 1)
+    else:
+        count = 1
+    return Environment(platform, accelerator, count, interactive=interactive, xla_device=device)
+
+
+def _cuda_device_count(env: Mapping[str, str], base: Path) -> int:
+    """GPUs visible to this process, counted from the driver's files (no CUDA context)."""
+    gpus_dir = base / "proc" / "driver" / "nvidia" / "gpus"
+    try:
+        physical = sum(1 for _ in gpus_dir.iterdir())
+    except OSError:
+        physical = sum(1 for p in (base / "dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name))
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or physical == 0:
+        return physical
+    listed = [item for item in visible.split(",") if item.strip() not in ("", "-1")]
+    # An invalid entry hides every device after it; a typo is rarer than a plain list.
+    return min(len(listed), physical)
+
+
+def _positive_int(value: str | None, default: int) -> int:
+    try:
+        number = int(value) if value is not None else default
+    except ValueError:
+        return default
+    return number if number > 0 else default
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip().lower()
+    except OSError:
+        return ""
