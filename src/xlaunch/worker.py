@@ -136,15 +136,21 @@ class Worker:
             sys.stderr = PrefixedStream(sys.stderr, f"[rank {rank}] ")
         _die_with_parent()
         if threading.current_thread() is threading.main_thread():
-            # The stop button or Ctrl-C must end a worker at once, even inside a C++ collective.
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            # The stop button or Ctrl-C must end a worker at once, even inside a C++ collective;
+            # handlers the launching process had installed mean nothing here.
+            for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+                signal.signal(number, signal.SIG_DFL)
 
-    def record_failure(self, error: BaseException, exitcode: int = 1) -> None:
+    def record_failure(self, error: BaseException, exitcode: int = 1,
+                       skip_frames: int = 0) -> None:
         """Write what went wrong, before anything else can go wrong."""
+        tb = error.__traceback__
+        for _ in range(skip_frames):
+            tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb
         record = dict(
             rank=self.rank, pid=os.getpid(), exitcode=exitcode, exc_type=type(error).__qualname__,
             message=str(error), timestamp_ns=time.time_ns(),
-            traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)),
+            traceback="".join(traceback.format_exception(type(error), error, tb)),
         )
         target = self.attempt / f"failure-{self.rank}.json"
         partial = target.with_suffix(".tmp")
@@ -166,12 +172,12 @@ class Worker:
             if stop.code in (0, None):
                 return None
             code = stop.code if isinstance(stop.code, int) else 1
-            self.record_failure(stop, exitcode=code)
+            self.record_failure(stop, exitcode=code, skip_frames=1)
             raise
         except KeyboardInterrupt:
             raise
         except BaseException as error:
-            self.record_failure(error)
+            self.record_failure(error, skip_frames=1)  # this frame is ours, not the user's
             raise SystemExit(1) from None
         finally:
             for stream in (sys.stdout, sys.stderr):

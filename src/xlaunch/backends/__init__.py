@@ -1,0 +1,1 @@
+"""One module per way of carrying out a `LaunchPlan`: xla, elastic, inline."""

@@ -1,0 +1,342 @@
+"""GPUs and CPU processes, carried out by torch elastic's agent.
+
+The engine (`torch.distributed.elastic`) starts, watches, restarts and stops the workers. What this
+module adds is what users of the engine run into:
+
+- Root cause first: workers record their own exception (worker.py) before exiting, so the error
+  that reaches the caller is the rank that raised, not a peer's "connection closed by peer".
+- A single-node launch opens no socket beyond loopback. The engine's static rendezvous starts a
+  TCPStore listening on every interface; here one node rendezvouses through a `FileStore` in a
+  private directory (a rendezvous backend registered with the engine), workers form their process
+  group through another `FileStore`, and gloo/NCCL are told to use the loopback interface.
+- A whole-launch ``timeout`` that dumps each rank's Python stack before stopping it.
+- Signal handlers the engine installs are put back, so the next cell's Ctrl-C is a Ctrl-C again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import pickle
+import signal
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import LaunchError, LaunchTimeout, ProcessFailure
+from ..plan import LaunchPlan
+from ..worker import (
+    CANCELLED_EXIT,
+    MIXED_PRECISION_VAR,
+    LaunchDir,
+    Worker,
+    dump_stacks,
+    read_failures,
+    to_cpu,
+    worker_pids,
+)
+
+LOCAL_RDZV = "xlaunch-local"
+HANDLED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+SHUTDOWN_GRACE_S = 3  # a worker that ignores its stop signal is killed after this
+
+
+def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Run ``function(*args)`` in every worker of this node; return local rank 0's result."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    if plan.start_method != "fork":
+        _check_picklable(function, args)
+    port = _choose_port(plan)
+    launch_dir = LaunchDir.create()
+    prefix_output = plan.log_line_prefix_template is None
+    entry = _Entry(function, args, launch_dir.path, plan, port, prefix_output)
+    config = _launch_config(plan, port, launch_dir)
+    watchdog = _Watchdog(launch_dir, plan.timeout)
+    try:
+        with _signal_handlers_restored(), _engine_quiet(), watchdog:
+            results = elastic_launch(config, _worker_main)(entry)
+    except ChildFailedError as failed:
+        raise _launch_error(failed, launch_dir, watchdog) from None
+    except SignalException as stopped:
+        if watchdog.fired:
+            raise _timeout_error(watchdog, plan) from None
+        raise KeyboardInterrupt(f"launch stopped by {stopped.sigval.name}") from None
+    except KeyboardInterrupt:
+        if watchdog.fired:
+            raise _timeout_error(watchdog, plan) from None
+        raise
+    finally:
+        launch_dir.remove()
+    return results.get(0) if plan.node_rank == 0 or 0 in results else None
+
+
+def _worker_main(entry: _Entry) -> Any:
+    """The engine's entrypoint: a named module-level function, as it expects."""
+    return entry()
+
+
+class _Entry:
+    """The function each worker process runs (a plain object so ``spawn`` can pickle it)."""
+
+    def __init__(self, function: Callable[..., Any], args: tuple[Any, ...], launch_dir: str,
+                 plan: LaunchPlan, port: int, prefix_output: bool) -> None:
+        self.function = function
+        self.args = args
+        self.launch_dir = launch_dir
+        self.dist_backend = plan.dist_backend or "gloo"
+        self.local_only = plan.local_only and not plan.rdzv_endpoint
+        self.env = {MIXED_PRECISION_VAR: plan.mixed_precision, **plan.worker_env}
+        if self.local_only:
+            self.env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            self.env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+            self.env.setdefault("NCCL_SOCKET_IFNAME", os.environ.get("NCCL_SOCKET_IFNAME", "lo"))
+        self.prefix_output = prefix_output
+
+    def __call__(self) -> Any:
+        import torch.distributed as dist
+
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ["LOCAL_RANK"])
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        worker = Worker(self.launch_dir, attempt, rank, world, self.env, self.prefix_output)
+        if worker.cancelled:
+            raise SystemExit(CANCELLED_EXIT)
+        if self.dist_backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(local_rank)
+        try:
+            if self.local_only:
+                store = dist.FileStore(str(Path(worker.attempt) / "group-store"), world)
+                dist.init_process_group(self.dist_backend, store=store, rank=rank, world_size=world)
+            else:
+                dist.init_process_group(self.dist_backend, rank=rank, world_size=world)
+        except Exception as error:  # noqa: BLE001 - reported as this rank's failure
+            worker.record_failure(error)
+            raise SystemExit(1) from None
+        try:
+            result = worker.run(self.function, self.args)
+            if local_rank != 0:
+                return None
+            result = to_cpu(result)
+            try:
+                pickle.dumps(result)
+            except Exception as error:  # noqa: BLE001
+                worker.record_failure(TypeError(
+                    f"the function returned a value that cannot be sent back to the caller "
+                    f"({type(result).__name__}): {error}"))
+                raise SystemExit(1) from None
+            return result
+        finally:
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+
+def _launch_config(plan: LaunchPlan, port: int, launch_dir: LaunchDir) -> Any:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.launcher.api import LaunchConfig
+
+    tee = Std.ALL if plan.log_line_prefix_template else Std.NONE
+    rdzv_backend, endpoint, rdzv_conf = _rendezvous(plan, port, launch_dir)
+    options: dict[str, Any] = dict(
+        min_nodes=plan.num_nodes, max_nodes=plan.num_nodes, nproc_per_node=plan.num_processes,
+        run_id=plan.rdzv_id if plan.rdzv_id != "none" else uuid.uuid4().hex,
+        rdzv_backend=rdzv_backend, rdzv_endpoint=endpoint, rdzv_configs=rdzv_conf,
+        max_restarts=plan.max_restarts, monitor_interval=plan.monitor_interval,
+        start_method=plan.start_method, log_line_prefix_template=plan.log_line_prefix_template,
+        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(launch_dir.path, "logs"), tee=tee),
+        signals_to_handle=",".join(HANDLED_SIGNALS), shutdown_timeout=SHUTDOWN_GRACE_S,
+    )
+    known = {field.name for field in dataclasses.fields(LaunchConfig)}
+    return LaunchConfig(**{key: value for key, value in options.items() if key in known})
+
+
+def _rendezvous(plan: LaunchPlan, port: int, launch_dir: LaunchDir) -> tuple[str, str, dict[str, Any]]:
+    """Which engine rendezvous to use; one node needs no listening socket at all."""
+    conf = dict(plan.rdzv_conf)
+    if plan.num_nodes == 1 and not plan.rdzv_endpoint:
+        if plan.rdzv_backend == "static":
+            _register_local_rendezvous()
+            return LOCAL_RDZV, os.path.join(launch_dir.path, "rdzv-store"), {"port": port, **conf}
+        if plan.rdzv_backend == "c10d":
+            conf.setdefault("store_type", "file")
+            return "c10d", os.path.join(launch_dir.path, "c10d-store"), conf
+    endpoint = plan.rdzv_endpoint or f"{plan.master_addr}:{port}"
+    if plan.rdzv_backend == "static":
+        conf.setdefault("rank", plan.node_rank)
+    return plan.rdzv_backend, endpoint, conf
+
+
+def _register_local_rendezvous() -> None:
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
+
+    with contextlib.suppress(ValueError):  # already registered in this process
+        registry.register(LOCAL_RDZV, _local_handler)
+
+
+def _local_handler(params: Any) -> Any:
+    from ._local_rdzv import LocalRendezvousHandler
+
+    return LocalRendezvousHandler(params.endpoint, params.run_id, int(params.get("port")))
+
+
+def _choose_port(plan: LaunchPlan) -> int:
+    """The port workers see as MASTER_PORT (and where a multi-node store listens)."""
+    if plan.num_nodes > 1 and plan.node_rank != 0:
+        return plan.port  # node 0 owns it
+    host = "127.0.0.1" if plan.local_only else plan.master_addr
+    if _port_free(host, plan.port):
+        return plan.port
+    if plan.port_is_default and plan.local_only:
+        return _free_port(host)
+    raise RuntimeError(
+        f"port {plan.port} on {host} is already in use (use_port={str(plan.port)!r}): another "
+        f"launch or program holds it. Pass another use_port"
+        + (", or leave use_port at its default to pick a free port." if plan.local_only else ".")
+    )
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host if host not in ("localhost",) else "127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def _check_picklable(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    try:
+        pickle.dumps(function)
+    except Exception as error:  # noqa: BLE001
+        name = getattr(function, "__qualname__", repr(function))
+        raise TypeError(
+            f"{name} cannot be pickled, which start_method='spawn' needs ({error}). Functions "
+            f"defined in a notebook cannot be pickled: leave start_method at its default (fork), "
+            f"or move the function into a module."
+        ) from None
+    try:
+        pickle.dumps(args)
+    except Exception as error:  # noqa: BLE001
+        raise TypeError(f"args cannot be pickled for start_method='spawn': {error}") from None
+
+
+class _Watchdog:
+    """Ends the launch at ``timeout``: stacks first, then the workers, then the engine's wait."""
+
+    def __init__(self, launch_dir: LaunchDir, timeout: float | None) -> None:
+        self.launch_dir = launch_dir
+        self.timeout = timeout
+        self.fired = False
+        self.stacks: dict[int, str] = {}
+        self.pids: dict[int, int] = {}
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._caller_is_main = threading.current_thread() is threading.main_thread()
+
+    def __enter__(self) -> _Watchdog:
+        if self.timeout is not None:
+            self._thread = threading.Thread(target=self._watch, name="xlaunch-timeout", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _watch(self) -> None:
+        assert self.timeout is not None
+        if self._done.wait(self.timeout):
+            return
+        self.fired = True
+        self.launch_dir.cancel()
+        attempt = self.launch_dir.latest_attempt()
+        if attempt is not None:
+            self.pids = worker_pids(attempt)
+            self.stacks = dump_stacks(attempt, self.pids)
+            for pid in self.pids.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        elif self._caller_is_main:
+            # Still in rendezvous (other nodes never came): interrupt the caller's wait.
+            import _thread
+
+            _thread.interrupt_main()
+
+
+def _launch_error(failed: Any, launch_dir: LaunchDir, watchdog: _Watchdog) -> LaunchError:
+    attempt = launch_dir.latest_attempt()
+    if watchdog.fired:
+        return _timeout_error(watchdog, None)
+    records = read_failures(attempt)
+    failures = dict(records)
+    for rank, engine_failure in getattr(failed, "failures", {}).items():
+        if rank in failures:
+            continue
+        failures[rank] = ProcessFailure(
+            rank=rank, pid=engine_failure.pid, exitcode=engine_failure.exitcode,
+            timestamp_ns=int(engine_failure.timestamp * 1e9) if engine_failure.timestamp else 0,
+        )
+    count = len({rank for rank, f in failures.items() if f.exc_type}) or len(failures)
+    return LaunchError(f"the launch failed: {count} rank(s) failed", failures.values())
+
+
+def _timeout_error(watchdog: _Watchdog, plan: LaunchPlan | None) -> LaunchTimeout:
+    failures = [
+        ProcessFailure(rank=rank, pid=pid, stack=watchdog.stacks.get(rank, "(no stack arrived)"))
+        for rank, pid in sorted(watchdog.pids.items())
+    ]
+    where = "" if failures else " (no worker had started: still waiting for the rendezvous)"
+    return LaunchTimeout(
+        f"the launch did not finish within timeout={watchdog.timeout} s and was stopped{where}",
+        failures,
+    )
+
+
+@contextlib.contextmanager
+def _signal_handlers_restored() -> Iterator[None]:
+    """The engine replaces SIGINT/SIGTERM handlers and never puts them back."""
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in HANDLED_SIGNALS:
+            number = getattr(signal, name)
+            saved[number] = signal.getsignal(number)
+    try:
+        yield
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+
+
+@contextlib.contextmanager
+def _engine_quiet() -> Iterator[None]:
+    """The engine logs each failure at ERROR; the LaunchError says it better, once.
+
+    Its modules set their own levels, so each of their loggers is quieted, not just the parent.
+    """
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+    loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
+               if name.startswith(prefixes)]
+    saved = [(logger, logger.level) for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in saved:
+            logger.setLevel(level)

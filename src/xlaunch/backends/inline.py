@@ -1,0 +1,88 @@
+"""One process: the caller's own. No engine, no fork, the function runs where it was called.
+
+It still keeps the launcher's promises: the worker sees the plan's mixed precision, a failure
+arrives as `LaunchError` (the original exception chained below it), and ``timeout`` interrupts
+the function in the calling thread and reports where it stood.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..errors import LaunchError, LaunchTimeout, ProcessFailure
+from ..plan import LaunchPlan
+from ..worker import MIXED_PRECISION_VAR, to_cpu
+
+
+class _Expired(BaseException):
+    """Raised in the caller's thread when the timeout passes; never escapes this module."""
+
+
+def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    stack: list[str] = []
+    try:
+        with _environment({MIXED_PRECISION_VAR: plan.mixed_precision, **plan.worker_env}), \
+                _deadline(plan.timeout, stack):
+            result = function(*args)
+    except _Expired:
+        failure = ProcessFailure(rank=0, pid=os.getpid(), stack="".join(stack))
+        raise LaunchTimeout(
+            f"the function did not finish within timeout={plan.timeout} s and was interrupted",
+            [failure],
+        ) from None
+    except Exception as error:
+        failure = ProcessFailure(
+            rank=0, pid=os.getpid(), exitcode=1, exc_type=type(error).__qualname__,
+            message=str(error), timestamp_ns=time.time_ns(),
+            traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)),
+        )
+        raise LaunchError("the launch failed: rank 0 raised", [failure]) from error
+    return to_cpu(result)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+@contextlib.contextmanager
+def _deadline(timeout: float | None, stack: list[str]) -> Iterator[None]:
+    """Raise `_Expired` in this thread after ``timeout`` seconds, keeping its stack first."""
+    if timeout is None:
+        yield
+        return
+    import sys
+
+    caller = threading.get_ident()
+    done = threading.Event()
+
+    def expire() -> None:
+        if done.wait(timeout):
+            return
+        frame = sys._current_frames().get(caller)
+        stack.extend(traceback.format_stack(frame) if frame is not None else [])
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(caller), ctypes.py_object(_Expired))
+
+    watcher = threading.Thread(target=expire, name="xlaunch-timeout", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
