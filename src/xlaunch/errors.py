@@ -45,6 +45,8 @@ class ProcessFailure:
         where = f"rank {self.rank}" + (f" (pid {self.pid})" if self.pid else "")
         if self.exc_type:
             return f"{where}: {self.exc_type}: {self.message}".rstrip()
+        if self.exitcode is None:
+            return where
         return f"{where}: {self.exit_cause}"
 
 
@@ -67,7 +69,12 @@ def format_failures(failures: list[ProcessFailure], summary: str) -> str:
     """The one formatter: the message users read in a notebook cell or a terminal."""
     lines = [summary]
     for failure in failures:
-        label = "secondary failure (after the root cause)" if failure.secondary else "root cause"
+        if failure.stack and not failure.exc_type:
+            label = "stopped at the timeout"
+        elif failure.secondary:
+            label = "secondary failure (after the root cause)"
+        else:
+            label = "root cause"
         lines.append("")
         lines.append(f"[{label}] {failure.headline()}")
         if failure.traceback and not failure.secondary:
@@ -76,7 +83,8 @@ def format_failures(failures: list[ProcessFailure], summary: str) -> str:
             last = failure.traceback.rstrip().splitlines()
             lines.append("  " + (last[-1] if last else ""))
         if failure.stack:
-            lines.append(f"Python stack of rank {failure.rank} when it was stopped:")
+            lines.append(f"Python stack of rank {failure.rank} when it was stopped "
+                         "(most recent call first):")
             lines.append(failure.stack.rstrip())
         if failure.stderr_tail:
             lines.append(f"last lines rank {failure.rank} wrote to stderr:")

@@ -145,6 +145,9 @@ def _xla_plan(env: Environment, num_processes: int | None, precision: str,
 
 
 def _cuda_plan(env: Environment, num_processes: int | None, common: dict[str, Any]) -> LaunchPlan:
+    if env.device_count == 0:
+        raise ValueError("a GPU launch was asked for (XLAUNCH_ACCELERATOR=cuda) but no GPU is visible "
+                         "(check the driver and CUDA_VISIBLE_DEVICES)")
     count = env.device_count if num_processes is None else num_processes
     if count > env.device_count:
         raise ValueError(

@@ -255,5 +255,11 @@ def _die_with_parent() -> None:
 
 
 def _user_frames_first(dump: str) -> str:
-    """faulthandler lists the current thread first; keep its frames, drop empty noise."""
-    return "\n".join(line for line in dump.splitlines() if line.strip())
+    """Keep the frames of the user's code: drop the launcher and engine frames below them."""
+    kept = []
+    for line in dump.splitlines():
+        if f'"{__file__}"' in line:
+            break
+        if line.strip() and not line.startswith("Current thread"):
+            kept.append(line)
+    return "\n".join(kept)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import signal
+import sys
 import threading
 import time
 import traceback
@@ -63,22 +65,35 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _deadline(timeout: float | None, stack: list[str]) -> Iterator[None]:
-    """Raise `_Expired` in this thread after ``timeout`` seconds, keeping its stack first."""
+    """Raise `_Expired` in this thread after ``timeout`` seconds, keeping its stack first.
+
+    In the main thread a real signal is used, so a blocking call (sleep, a lock, I/O) is cut
+    short too; other threads get an asynchronous exception at their next Python instruction.
+    """
     if timeout is None:
         yield
         return
-    import sys
-
     caller = threading.get_ident()
+    in_main = threading.current_thread() is threading.main_thread()
     done = threading.Event()
 
     def expire() -> None:
         if done.wait(timeout):
             return
         frame = sys._current_frames().get(caller)
-        stack.extend(traceback.format_stack(frame) if frame is not None else [])
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(caller), ctypes.py_object(_Expired))
+        frames = traceback.format_stack(frame) if frame is not None else []
+        own = [i for i, text in enumerate(frames) if __file__ in text]
+        stack.extend(reversed(frames[own[-1] + 1 if own else 0:]))
+        if in_main:
+            signal.pthread_kill(caller, signal.SIGALRM)
+        else:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(caller),
+                                                       ctypes.py_object(_Expired))
 
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise _Expired
+
+    previous = signal.signal(signal.SIGALRM, on_alarm) if in_main else None
     watcher = threading.Thread(target=expire, name="xlaunch-timeout", daemon=True)
     watcher.start()
     try:
@@ -86,3 +101,5 @@ def _deadline(timeout: float | None, stack: list[str]) -> Iterator[None]:
     finally:
         done.set()
         watcher.join()
+        if in_main:
+            signal.signal(signal.SIGALRM, previous)
