@@ -54,33 +54,40 @@ class Environment:
         return asdict(self)
 
 
-def detect(environ: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/") -> Environment:
+def detect(
+    environ: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/"
+) -> Environment:
     """Describe this machine from ``environ`` (default ``os.environ``) and files under ``root``."""
     env = os.environ if environ is None else environ
     base = Path(root)
-    platform = _platform(env)
-    interactive = _interactive(env, platform, check_process=environ is None)
     override = env.get(ACCELERATOR_OVERRIDE, "").strip().lower()
     if override and override not in ACCELERATOR_CHOICES:
         raise ValueError(
             f"{ACCELERATOR_OVERRIDE}={env[ACCELERATOR_OVERRIDE]!r} is not one of "
             f"{', '.join(ACCELERATOR_CHOICES)}"
         )
+    chips = _tpu_chips(base)
+    # The platform describes the machine, not the override: a TPU VM asked to run on its CPU is
+    # still a TPU VM.
+    platform = _platform(env, has_chips=bool(chips))
+    interactive = _interactive(env, platform, check_process=environ is None)
 
     if override == "xla":
-        return _forced_xla(env, platform, interactive)
+        device = _pjrt_device(env, chips)
+        if device != "TPU":
+            return _forced_xla(env, device, platform, interactive)
+        # XLA on a TPU is the TPU path; the chips decide the layout, not PJRT_DEVICE alone.
+        override = "tpu"
 
-    chips = _tpu_chips(base)
     legacy_node = not chips and _names_tpu_node(env)
     if override in ("", "tpu") and (chips or legacy_node):
+        generation: str | None
         if legacy_node:
             # Colab's old TPU Node: a remote v2-8 reached over gRPC, no chips on this host.
             generation, cores, count = "v2/v3", 2, 4
         else:
             generation, cores = _one_generation(chips)
             count = len(chips)
-        if platform == "local":
-            platform = "cloud-tpu-vm"
         return Environment(platform, "tpu", count * cores, generation, count, cores, interactive,
                            legacy_node, "TPU")
     if override == "tpu":
@@ -96,13 +103,13 @@ def detect(environ: Mapping[str, str] | None = None, root: str | os.PathLike[str
     return Environment(platform, "cpu", 1, interactive=interactive)
 
 
-def _platform(env: Mapping[str, str]) -> str:
+def _platform(env: Mapping[str, str], has_chips: bool) -> str:
     # Kaggle first: its image also sets COLAB_* variables.
     if any(key.startswith("KAGGLE_") for key in env):
         return "kaggle"
     if any(key.startswith("COLAB_") for key in env):
         return "colab"
-    if env.get("TPU_ACCELERATOR_TYPE") or env.get("TPU_WORKER_ID") is not None:
+    if has_chips or env.get("TPU_ACCELERATOR_TYPE") or env.get("TPU_WORKER_ID") is not None:
         return "cloud-tpu-vm"
     return "local"
 
@@ -150,9 +157,20 @@ def _names_tpu_node(env: Mapping[str, str]) -> bool:
     return bool(env.get("COLAB_TPU_ADDR") or env.get("TPU_NAME"))
 
 
-def _forced_xla(env: Mapping[str, str], platform: str, interactive: bool) -> Environment:
-    device = env.get("PJRT_DEVICE", "CPU").strip().upper() or "CPU"
-    accelerator = {"TPU": "tpu", "CUDA": "cuda", "GPU": "cuda"}.get(device, "cpu")
+def _pjrt_device(env: Mapping[str, str], chips: list[str]) -> str:
+    """The device torch_xla will use: ``PJRT_DEVICE``, else the default torch_xla picks itself
+    (TPU when chips are attached, CUDA when ``GPU_NUM_DEVICES`` is set, else CPU)."""
+    device = env.get("PJRT_DEVICE", "").strip().upper()
+    if device:
+        return device
+    if chips:
+        return "TPU"
+    return "CUDA" if _positive_int(env.get("GPU_NUM_DEVICES"), 0) else "CPU"
+
+
+def _forced_xla(env: Mapping[str, str], device: str, platform: str,
+                interactive: bool) -> Environment:
+    accelerator = {"CUDA": "cuda", "GPU": "cuda"}.get(device, "cpu")
     if device == "CPU":
         count = _positive_int(env.get("CPU_NUM_DEVICES"), 1)
     elif accelerator == "cuda":
@@ -168,13 +186,36 @@ def _cuda_device_count(env: Mapping[str, str], base: Path) -> int:
     try:
         physical = sum(1 for _ in gpus_dir.iterdir())
     except OSError:
-        physical = sum(1 for p in (base / "dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name))
+        nodes = (base / "dev").glob("nvidia*")
+        physical = sum(1 for p in nodes if re.fullmatch(r"nvidia\d+", p.name))
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None or physical == 0:
         return physical
-    listed = [item for item in visible.split(",") if item.strip() not in ("", "-1")]
-    # An invalid entry hides every device after it; a typo is rarer than a plain list.
-    return min(len(listed), physical)
+    return min(_visible_count(visible, physical), physical)
+
+
+def _visible_count(visible: str, physical: int) -> int:
+    """How many GPUs CUDA enumerates under ``CUDA_VISIBLE_DEVICES``, parsed as torch.cuda does.
+
+    The list ends at the first entry CUDA cannot use (so ``0,-1,1`` is one GPU, and an index past
+    the last GPU hides the rest), and a repeated entry hides every GPU. UUIDs cannot be checked
+    without the driver, so each one counts.
+    """
+    seen: list[object] = []
+    for raw in visible.split(","):
+        item = raw.strip()
+        key: object
+        if item.startswith(("GPU-", "MIG-")):
+            key = item
+        else:
+            number = re.match(r"[+-]?\d+", item)  # strtoul: "1gpu" is 1
+            if number is None or not 0 <= int(number.group()) < physical:
+                break
+            key = int(number.group())
+        if key in seen:
+            return 0
+        seen.append(key)
+    return len(seen)
 
 
 def _positive_int(value: str | None, default: int) -> int:

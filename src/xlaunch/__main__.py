@@ -1,0 +1,7 @@
+"""``python -m xlaunch``: the same command as the ``xlaunch`` console script."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

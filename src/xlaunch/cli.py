@@ -1,0 +1,152 @@
+"""The ``xlaunch`` command: ``xlaunch env`` now; ``run`` and ``demo`` join as one function each.
+
+Each subcommand is a function in `COMMANDS` that adds its parser and sets ``handler``. Handlers
+import what they need when they run, so ``xlaunch env`` stays cheap and never imports torch or
+torch_xla (the versions it reports come from package metadata). A new command looks like::
+
+    def add_demo(commands):
+        parser = commands.add_parser("demo", help="a small training run on this machine")
+        parser.set_defaults(handler=lambda args: import_module("xlaunch.demo").main(args))
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
+from typing import Any
+
+from .environment import detect
+from .plan import make_plan
+
+# Variables that change what detection or a TPU launch does; shown so a bug report carries them.
+VARIABLES = (
+    "XLAUNCH_ACCELERATOR", "PJRT_DEVICE", "CPU_NUM_DEVICES", "GPU_NUM_DEVICES",
+    "CUDA_VISIBLE_DEVICES", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_PROCESS_ADDRESSES",
+    "CLOUD_TPU_TASK_ID", "TPU_PROCESS_BOUNDS", "TPU_VISIBLE_CHIPS", "COLAB_TPU_ADDR", "TPU_NAME",
+    "KAGGLE_KERNEL_RUN_TYPE",
+)
+PATHS = {
+    "xla": "torch_xla xmp.spawn",
+    "elastic": "torch.distributed.elastic",
+    "inline": "in the calling process, no worker processes",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="xlaunch", description="Run training on every TPU core, GPU or CPU process."
+    )
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    for add in COMMANDS:
+        add(commands)
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        code = handler(args)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `xlaunch env | head`: the reader has gone; exit without a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return code
+
+
+def add_env(commands: Any) -> None:
+    parser = commands.add_parser(
+        "env", help="show the detected machine and what a launch would do",
+        description="Show the detected machine and what xlaunch.launch(fn) would do with default "
+                    "arguments. Paste the output into bug reports.",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=env_command)
+
+
+COMMANDS: list[Callable[[Any], None]] = [add_env]
+
+
+def env_command(args: argparse.Namespace) -> int:
+    report = env_report()
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    # A plan refused is an answer (exit 0); an environment that cannot be read is an error.
+    return 0 if report["environment"] is not None else 1
+
+
+def env_report(
+    environ: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/"
+) -> dict[str, Any]:
+    """What `xlaunch env` shows, as plain data (the ``--json`` output), for `detect`'s inputs."""
+    variables = os.environ if environ is None else environ
+    environment = plan = refusal = None
+    try:
+        env = detect(environ, root)
+        environment = env.as_dict()
+        plan = make_plan(env).as_dict()
+    except ValueError as error:  # a bad XLAUNCH_ACCELERATOR, or a launch make_plan refuses
+        refusal = str(error)
+    return {
+        "environment": environment,
+        "plan": plan,
+        "refusal": refusal,
+        "versions": {
+            "python": platform.python_version(),
+            "os": platform.platform(),
+            **{name: _version(name) for name in ("xlaunch", "torch", "torch_xla", "libtpu")},
+        },
+        "variables": {name: variables[name] for name in VARIABLES if name in variables},
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    plan = report["plan"]
+    lines = ["environment (xlaunch.detect())"]
+    lines += _rows(report["environment"] or {"error": report["refusal"]})
+    lines.append("default launch (xlaunch.launch(fn))")
+    if report["environment"] is None:
+        lines.append("  not planned: the environment could not be read")
+    elif plan is None:
+        lines += _rows({"refused": report["refusal"]})
+    else:
+        lines += _rows({
+            "path": f"{plan['backend']} ({PATHS.get(plan['backend'], '?')})",
+            "accelerator": plan["accelerator"],
+            "processes": plan["num_processes"],
+            "threads per process": plan["threads_per_process"],
+            "world size": plan["world_size"],
+            "start method": plan["start_method"],
+            "distributed backend": plan["dist_backend"],
+        })
+        changes = [f"{k}={v}" for k, v in plan["worker_env"].items()]
+        changes += [f"-{name}" for name in plan["unset_env"]]
+        lines += _rows({"worker environment": " ".join(changes)} if changes else {})
+        lines += [_row("note", note) for note in plan["notes"]]
+    lines.append("versions")
+    lines += _rows(report["versions"])
+    lines.append("variables")
+    lines += _rows(report["variables"] or {"(none set)": ""})
+    return "\n".join(lines)
+
+
+def _rows(items: dict[str, Any]) -> list[str]:
+    return [_row(key, value) for key, value in items.items()]
+
+
+def _row(key: str, value: Any) -> str:
+    # At least two spaces after the key, so the table splits cleanly even on long variable names.
+    return f"  {key.ljust(max(24, len(key) + 2))}{_show(value)}".rstrip()
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "-"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None

@@ -1,0 +1,208 @@
+"""`xlaunch env` as users run it: a real process, through ``python -m`` and the console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from tests.fakes import KAGGLE, fake_machine
+from xlaunch.cli import VARIABLES, env_report, format_report
+from xlaunch.environment import detect
+from xlaunch.plan import make_plan
+
+SCRIPT = Path(sys.executable).parent / "xlaunch"
+# Variables that would steer detection away from what this machine is.
+STEERING = ("XLAUNCH_ACCELERATOR", "PJRT_DEVICE", "CPU_NUM_DEVICES", "GPU_NUM_DEVICES")
+
+
+@pytest.fixture(params=["python -m xlaunch", "console script"])
+def xlaunch(request: pytest.FixtureRequest) -> list[str]:
+    """The command line that starts xlaunch, both ways a user can."""
+    if request.param == "console script":
+        if not SCRIPT.exists():
+            pytest.skip(f"xlaunch is not installed next to {sys.executable}")
+        return [str(SCRIPT)]
+    return [sys.executable, "-m", "xlaunch"]
+
+
+def environ(**overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in STEERING}
+    env.update(overrides)
+    return env
+
+
+def run(command: list[str], *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def table(text: str) -> dict[str, dict[str, str]]:
+    """The text output as {section: {key: value}}; notes are joined under "note"."""
+    sections: dict[str, dict[str, str]] = {}
+    rows: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.startswith("  "):
+            rows = sections.setdefault(line.split(" (")[0], {})
+            continue
+        key, _, value = line.strip().partition("  ")
+        if key == "note" and "note" in rows:
+            value = rows["note"] + "\n" + value.strip()
+        rows[key] = value.strip()
+    return sections
+
+
+def expected_report(env: dict[str, str]) -> dict:
+    """What the command should print, from the same inputs, computed here."""
+    detected = detect(env)
+    try:
+        plan, refusal = json.loads(json.dumps(make_plan(detected).as_dict())), None
+    except ValueError as error:
+        plan, refusal = None, str(error)
+    return {"environment": detected.as_dict(), "plan": plan, "refusal": refusal}
+
+
+def test_json_is_detect_and_make_plan(xlaunch: list[str]) -> None:
+    env = environ()
+    result = run(xlaunch, "env", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"environment", "plan", "refusal", "versions", "variables"}
+    assert {k: report[k] for k in ("environment", "plan", "refusal")} == expected_report(env)
+    assert report["versions"]["python"] == platform.python_version()
+    assert report["versions"]["torch"] == metadata.version("torch")
+    assert report["versions"]["xlaunch"] == metadata.version("xlaunch")
+    assert set(report["versions"]) >= {"torch_xla", "libtpu", "os"}
+    assert report["variables"] == {k: env[k] for k in VARIABLES if k in env}
+
+
+def test_table_shows_environment_plan_and_versions(xlaunch: list[str]) -> None:
+    env = environ(XLAUNCH_ACCELERATOR="cpu")
+    result = run(xlaunch, "env", env=env)
+    assert result.returncode == 0, result.stderr
+    shown = table(result.stdout)
+    assert list(shown) == ["environment", "default launch", "versions", "variables"]
+    expected = expected_report(env)
+    for field, value in expected["environment"].items():
+        assert shown["environment"][field] == (
+            "-" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        )
+    plan = expected["plan"]
+    launch = shown["default launch"]
+    assert launch["path"].split()[0] == plan["backend"] == "inline"
+    assert launch["processes"] == str(plan["num_processes"]) == "1"
+    assert launch["threads per process"] == "1" and launch["world size"] == "1"
+    assert launch["start method"] == plan["start_method"]
+    assert launch["note"] == "\n".join(plan["notes"]) and "no TPU or GPU" in launch["note"]
+    assert shown["versions"]["python"] == platform.python_version()
+    assert shown["versions"]["torch"] == metadata.version("torch")
+    assert shown["variables"]["XLAUNCH_ACCELERATOR"] == "cpu"
+
+
+def test_xla_on_cpu(xlaunch: list[str]) -> None:
+    env = environ(XLAUNCH_ACCELERATOR="xla", PJRT_DEVICE="CPU")
+    report = json.loads(run(xlaunch, "env", "--json", env=env).stdout)
+    assert report["environment"]["xla_device"] == "CPU"
+    assert report["environment"]["accelerator"] == "cpu"
+    plan = report["plan"]
+    assert (plan["backend"], plan["num_processes"], plan["threads_per_process"],
+            plan["world_size"], plan["dist_backend"]) == ("xla", 1, 1, 1, "xla")
+    assert report["refusal"] is None
+
+    result = run(xlaunch, "env", env=env)
+    assert result.returncode == 0, result.stderr
+    shown = table(result.stdout)
+    assert shown["environment"]["xla_device"] == "CPU"
+    assert shown["default launch"]["path"] == "xla (torch_xla xmp.spawn)"
+    assert shown["default launch"]["distributed backend"] == "xla"
+    assert shown["variables"] == {"XLAUNCH_ACCELERATOR": "xla", "PJRT_DEVICE": "CPU"} | {
+        k: env[k] for k in VARIABLES if k in env and k not in STEERING
+    }
+
+
+def test_tpu_refusal_is_shown_not_raised(xlaunch: list[str]) -> None:
+    if detect({}).tpu_chips:
+        pytest.skip("this machine has TPU chips: XLAUNCH_ACCELERATOR=tpu is not refused here")
+    env = environ(XLAUNCH_ACCELERATOR="tpu")
+    result = run(xlaunch, "env", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["environment"]["accelerator"] == "tpu"
+    assert report["environment"]["device_count"] == 0
+    assert report["plan"] is None
+    assert "no TPU chips" in report["refusal"]
+
+    result = run(xlaunch, "env", env=env)
+    assert result.returncode == 0, result.stderr
+    shown = table(result.stdout)
+    assert shown["default launch"] == {"refused": report["refusal"]}
+    assert shown["environment"]["accelerator"] == "tpu"
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_invalid_override_is_an_error_with_versions(xlaunch: list[str]) -> None:
+    env = environ(XLAUNCH_ACCELERATOR="gpu")
+    result = run(xlaunch, "env", "--json", env=env)
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert report["environment"] is None and report["plan"] is None
+    assert "'gpu'" in report["refusal"]
+    assert report["versions"]["python"] == platform.python_version()
+
+    result = run(xlaunch, "env", env=env)
+    assert result.returncode == 1
+    shown = table(result.stdout)
+    assert "'gpu'" in shown["environment"]["error"]
+    assert "Traceback" not in result.stderr
+
+
+def test_no_command_prints_usage(xlaunch: list[str]) -> None:
+    result = run(xlaunch, env=environ())
+    assert result.returncode == 2
+    assert "usage: xlaunch" in result.stderr
+    result = run(xlaunch, "--help", env=environ())
+    assert result.returncode == 0 and re.search(r"^\s+env\s", result.stdout, re.MULTILINE)
+
+
+def test_env_imports_neither_torch_nor_torch_xla(tmp_path: Path) -> None:
+    code = """
+import json, sys
+
+class Watch:
+    attempts = []
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "torch_xla"):
+            Watch.attempts.append(name)
+
+sys.meta_path.insert(0, Watch())
+from xlaunch.cli import main
+code = main(["env"]) + main(["env", "--json"])
+print(json.dumps({"attempts": Watch.attempts, "code": code}), file=sys.stderr)
+"""
+    result = subprocess.run([sys.executable, "-c", code], env=environ(), cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stderr.strip().splitlines()[-1]) == {"attempts": [], "code": 0}
+
+
+def test_table_for_a_kaggle_tpu(tmp_path: Path) -> None:
+    # The CLI reads this machine; the report it prints is checked on a fake Kaggle v3-8 here.
+    root = fake_machine(tmp_path, tpu_chips=4, tpu_device="0x0027", dev="accel")
+    report = env_report({**KAGGLE, "TPU_PROCESS_ADDRESSES": "local"}, root=root)
+    assert report["refusal"] is None
+    shown = table(format_report(report))
+    assert shown["environment"]["platform"] == "kaggle"
+    assert shown["environment"]["tpu_generation"] == "v2/v3"
+    launch = shown["default launch"]
+    assert (launch["path"], launch["processes"], launch["threads per process"],
+            launch["world size"]) == ("xla (torch_xla xmp.spawn)", "4", "2", "8")
+    assert launch["worker environment"].split() == ["-TPU_PROCESS_ADDRESSES", "-CLOUD_TPU_TASK_ID"]
+    assert shown["variables"] == {"TPU_PROCESS_ADDRESSES": "local",
+                                  "KAGGLE_KERNEL_RUN_TYPE": "Interactive"}
