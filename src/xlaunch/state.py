@@ -1,0 +1,342 @@
+"""ProcessState: what this process's place in the launched world is, read from the world itself.
+
+Nothing is cached. A `ProcessState` made in a notebook before a launch is copied into forked
+workers; had it stored its rank it would report rank 0 of 1 in every worker, every rank would think
+it is the main process and decorated functions would run everywhere. Reading the world at each
+access (a few environment and ``sys.modules`` look-ups) keeps one object valid on both sides of a
+fork, and lets decorators applied before the launch decide in the worker, at call time.
+
+The XLA queries initialise the XLA runtime, after which ``xmp.spawn`` refuses to run in that
+process. They are therefore made only inside an XLA world: a worker the launcher marked with
+``XLAUNCH_WORLD=xla``, or a process whose runtime is already initialised (a user's own spawn).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, ParamSpec, TypeVar
+
+from .worker import MIXED_PRECISION_VAR, WORLD_VAR
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_RENDEZVOUS_TAG = "xlaunch.wait_for_everyone"
+
+
+class _World(NamedTuple):
+    kind: str  # "xla", "distributed", "environment" (torchrun without a group) or "single"
+    rank: int
+    size: int
+    local_rank: int
+    backend: str | None
+
+
+def _in_xla_world() -> bool:
+    if os.environ.get(WORLD_VAR) == "xla":
+        return True
+    torch_xla = sys.modules.get("torch_xla")  # asking an unimported torch_xla would import it
+    if torch_xla is None:
+        return False
+    try:
+        return bool(torch_xla._XLAC._xla_runtime_is_initialized())
+    except AttributeError:
+        return False
+
+
+def _xla_world() -> _World:
+    """torch_xla.runtime where it has the answer; the xla_model names it replaced before that."""
+    import torch_xla.core.xla_model as xm
+
+    try:
+        import torch_xla.runtime as xr
+    except ImportError:
+        xr = None
+    rank = xr.global_ordinal() if hasattr(xr, "global_ordinal") else xm.get_ordinal()
+    size = xr.world_size() if hasattr(xr, "world_size") else xm.xrt_world_size()
+    local_rank = xr.local_ordinal() if hasattr(xr, "local_ordinal") else xm.get_local_ordinal()
+    return _World("xla", rank, size, local_rank, "xla")
+
+
+def _process_group() -> Any:
+    """torch.distributed when this process is in an initialised group; never imports torch."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+def _current_world() -> _World:
+    if _in_xla_world():
+        return _xla_world()
+    dist = _process_group()
+    if dist is not None:
+        rank = dist.get_rank()
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        name = str(dist.get_backend())  # "cpu:gloo,cuda:nccl" counts as nccl, its GPU side
+        backend = next((known for known in ("nccl", "gloo") if known in name), name)
+        return _World("distributed", rank, dist.get_world_size(), local_rank, backend)
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size > 1 and "RANK" in os.environ:
+        rank = int(os.environ["RANK"])
+        return _World("environment", rank, size, int(os.environ.get("LOCAL_RANK", rank)), None)
+    return _World("single", 0, 1, 0, None)
+
+
+class ProcessState:
+    """This process's rank, world, device and precision, plus helpers that depend on them.
+
+    Cheap to create anywhere and holds nothing: every answer is read when asked.
+    """
+
+    def __repr__(self) -> str:
+        world = _current_world()
+        return (f"ProcessState(process_index={world.rank}, num_processes={world.size}, "
+                f"local_process_index={world.local_rank}, backend={world.backend!r})")
+
+    @property
+    def process_index(self) -> int:
+        return _current_world().rank
+
+    @property
+    def local_process_index(self) -> int:
+        return _current_world().local_rank
+
+    @property
+    def num_processes(self) -> int:
+        return _current_world().size
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        world = _current_world()
+        return world.rank == world.size - 1
+
+    @property
+    def backend(self) -> str | None:
+        return _current_world().backend
+
+    @property
+    def device(self) -> Any:
+        """A ``torch.device``; on XLA the replica's own device."""
+        world = _current_world()
+        if world.kind == "xla":
+            import torch_xla
+
+            if hasattr(torch_xla, "device"):
+                return torch_xla.device()
+            import torch_xla.core.xla_model as xm
+
+            return xm.xla_device()
+        import torch
+
+        if world.backend == "gloo":
+            return torch.device("cpu")
+        if world.backend == "nccl" or (world.kind != "single" and torch.cuda.is_available()):
+            return torch.device("cuda", world.local_rank)
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    @property
+    def mixed_precision(self) -> str:
+        return os.environ.get(MIXED_PRECISION_VAR, "no").strip().lower() or "no"
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this call; every process must make it."""
+        world = _current_world()
+        if world.kind == "xla":
+            import torch_xla.core.xla_model as xm
+
+            xm.rendezvous(_RENDEZVOUS_TAG)
+        elif world.kind == "distributed":
+            dist = _process_group()
+            if world.backend == "nccl":
+                dist.barrier(device_ids=[world.local_rank])
+            else:
+                dist.barrier()
+        elif world.kind == "environment":
+            # Returning would let a rank save a model its peers are still training.
+            raise RuntimeError(
+                f"wait_for_everyone() in process {world.rank} of {world.size}: this process was "
+                "started by a launcher (RANK/WORLD_SIZE are set) but no process group exists. "
+                "Call torch.distributed.init_process_group() first, or start it with xlaunch."
+            )
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """The main process runs the block alone (a download, a cache), then the others run it."""
+        with self._leader_first(self.is_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """As `main_process_first`, with each machine's local main process as the leader."""
+        with self._leader_first(self.is_local_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def _leader_first(self, leading: bool) -> Iterator[None]:
+        # No try/finally: if the leader's block fails, followers must not go on as if the download
+        # or cache it was making exists. They wait until the launcher stops them.
+        if not leading:
+            self.wait_for_everyone()
+        yield
+        if leading:
+            self.wait_for_everyone()
+
+    def _only_where(self, should_run: Callable[[], bool],
+                    function: Callable[P, R]) -> Callable[P, R | None]:
+        @functools.wraps(function)
+        def run_here_or_skip(*args: P.args, **kwargs: P.kwargs) -> R | None:
+            return function(*args, **kwargs) if should_run() else None
+
+        return run_here_or_skip
+
+    def on_main_process(self, function: Callable[P, R]) -> Callable[P, R | None]:
+        return self._only_where(lambda: self.is_main_process, function)
+
+    def on_local_main_process(self, function: Callable[P, R]) -> Callable[P, R | None]:
+        return self._only_where(lambda: self.is_local_main_process, function)
+
+    def on_last_process(self, function: Callable[P, R]) -> Callable[P, R | None]:
+        return self._only_where(lambda: self.is_last_process, function)
+
+    def on_process(self, function: Callable[..., Any] | None = None,
+                   process_index: int = 0) -> Any:
+        """``@state.on_process(process_index=1)``; bare ``@state.on_process`` means process 0."""
+        _check_decorated(function, "on_process(process_index=...)")
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return self._only_where(lambda: self.process_index == process_index, function)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None,
+                         local_process_index: int = 0, *,
+                         local_process_idx: int | None = None) -> Any:
+        """``local_process_idx`` is the seed tutorial's spelling; both are accepted."""
+        _check_decorated(function, "on_local_process(local_process_index=...)")
+        if local_process_idx is not None:
+            if local_process_index not in (0, local_process_idx):
+                raise TypeError("on_local_process: give local_process_index or "
+                                "local_process_idx, not two different values")
+            local_process_index = local_process_idx
+        if function is None:
+            return functools.partial(self.on_local_process,
+                                     local_process_index=local_process_index)
+        return self._only_where(lambda: self.local_process_index == local_process_index,
+                                function)
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this rank's contiguous share; shares differ in length by at most one.
+
+        With ``apply_padding`` every share has the longest share's length, the short ones
+        repeating their last item, so that tensors gathered from all ranks have equal shapes.
+        """
+        world = _current_world()
+        if isinstance(inputs, dict):
+            lengths = {len(value) for value in inputs.values()}
+            if len(lengths) > 1:
+                raise ValueError("split_between_processes: the dict's values must have equal "
+                                 f"lengths, got {sorted(lengths)}")
+            length = lengths.pop() if lengths else 0
+            start, end, padded = _bounds(length, world.rank, world.size, apply_padding)
+            yield {key: _share(value, start, end, padded) for key, value in inputs.items()}
+        else:
+            start, end, padded = _bounds(len(inputs), world.rank, world.size, apply_padding)
+            yield _share(inputs, start, end, padded)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the main process only, so a message appears once, not once per rank."""
+        if self.is_main_process:
+            builtins.print(*args, **kwargs)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The context that applies the launch's ``mixed_precision`` on this process's device."""
+        precision = self.mixed_precision
+        if precision == "no":
+            return contextlib.nullcontext()
+        if precision not in ("fp16", "bf16"):
+            raise ValueError(f"mixed_precision {precision!r}: expected 'no', 'fp16' or 'bf16'")
+        import torch
+
+        device_type = self.device.type
+        if device_type == "xla" and precision == "fp16":
+            raise ValueError("mixed_precision 'fp16' is not supported on XLA devices; use 'bf16'")
+        dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+        return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def _check_decorated(function: Any, spelling: str) -> None:
+    if function is not None and not callable(function):
+        raise TypeError(f"pass the index by keyword, as in {spelling}; got {function!r}")
+
+
+def _bounds(length: int, rank: int, size: int, apply_padding: bool) -> tuple[int, int, int]:
+    """[start, end) of this rank's share, and the length it is padded to (0: no padding)."""
+    base, extra = divmod(length, size)
+    start = rank * base + min(rank, extra)
+    end = start + base + (1 if rank < extra else 0)
+    padded = base + (1 if extra else 0) if apply_padding else 0
+    return start, end, padded
+
+
+def _share(items: Any, start: int, end: int, padded: int) -> Any:
+    loaded_torch = sys.modules.get("torch")  # a tensor can only exist once torch is imported
+    is_tensor = loaded_torch is not None and isinstance(items, loaded_torch.Tensor)
+    if not (is_tensor or isinstance(items, (list, tuple))):
+        raise TypeError("split_between_processes takes a list, tuple, tensor or a dict of them; "
+                        f"got {type(items).__name__}")
+    if is_tensor and items.dim() == 0:
+        raise TypeError("split_between_processes cannot split a 0-dimensional tensor")
+    share = items[start:end]
+    missing = padded - (end - start)
+    if missing <= 0 or len(items) == 0:
+        return share
+    # An empty share (fewer items than ranks) repeats the input's last item instead.
+    filler = share[-1:] if end > start else items[-1:]
+    if is_tensor:
+        import torch
+
+        return torch.cat([share, filler.expand(missing, *filler.shape[1:])])
+    return share + filler * missing
+
+
+def wait_for_everyone() -> None:
+    ProcessState().wait_for_everyone()
+
+
+def on_main_process(function: Callable[P, R]) -> Callable[P, R | None]:
+    return ProcessState().on_main_process(function)
+
+
+def on_local_main_process(function: Callable[P, R]) -> Callable[P, R | None]:
+    return ProcessState().on_local_main_process(function)
+
+
+def on_last_process(function: Callable[P, R]) -> Callable[P, R | None]:
+    return ProcessState().on_last_process(function)
+
+
+def on_process(function: Callable[..., Any] | None = None, process_index: int = 0) -> Any:
+    return ProcessState().on_process(function, process_index=process_index)
+
+
+def on_local_process(function: Callable[..., Any] | None = None, local_process_index: int = 0,
+                     *, local_process_idx: int | None = None) -> Any:
+    return ProcessState().on_local_process(function, local_process_index=local_process_index,
+                                           local_process_idx=local_process_idx)
+
+
+def main_process_first() -> contextlib.AbstractContextManager[None]:
+    return ProcessState().main_process_first()
