@@ -30,7 +30,24 @@ _WHERE = {
     "Environment": "environment",
 }
 
-__all__ = sorted(_WHERE)
+__all__ = [
+    "Environment",
+    "LaunchError",
+    "LaunchTimeout",
+    "ProcessFailure",
+    "ProcessState",
+    "debug_launcher",
+    "detect",
+    "launch",
+    "main_process_first",
+    "notebook_launcher",
+    "on_last_process",
+    "on_local_main_process",
+    "on_local_process",
+    "on_main_process",
+    "on_process",
+    "wait_for_everyone",
+]
 
 if TYPE_CHECKING:
     from .environment import Environment, detect

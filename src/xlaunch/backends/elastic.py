@@ -61,7 +61,7 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
     config = _launch_config(plan, port, launch_dir)
     watchdog = _Watchdog(launch_dir, plan.timeout)
     try:
-        with _signal_handlers_restored(), _engine_quiet(), watchdog:
+        with _signal_handlers_restored(), _engine_quiet(), _no_shared_store(config), watchdog:
             results = elastic_launch(config, _worker_main)(entry)
     except ChildFailedError as failed:
         raise _launch_error(failed, launch_dir, watchdog) from None
@@ -75,7 +75,8 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
         raise
     finally:
         launch_dir.remove()
-    return results.get(0) if plan.node_rank == 0 or 0 in results else None
+    # Keyed by global rank: this node's local rank 0 holds the smallest of its ranks.
+    return results[min(results)] if results else None
 
 
 def _worker_main(entry: _Entry) -> Any:
@@ -119,6 +120,9 @@ class _Entry:
                 dist.init_process_group(self.dist_backend, store=store, rank=rank, world_size=world)
             else:
                 dist.init_process_group(self.dist_backend, rank=rank, world_size=world)
+            # Gloo finishes connecting pairs lazily: a rank that returned at once and exited
+            # would break a peer still connecting. Everyone starts the function together.
+            dist.barrier()
         except Exception as error:  # noqa: BLE001 - reported as this rank's failure
             worker.record_failure(error)
             raise SystemExit(1) from None
@@ -321,6 +325,24 @@ def _signal_handlers_restored() -> Iterator[None]:
     finally:
         for number, handler in saved.items():
             signal.signal(number, handler)
+
+
+@contextlib.contextmanager
+def _no_shared_store(config: Any) -> Iterator[None]:
+    """c10d over a file still starts a TCPStore for the workers unless told not to share one."""
+    if config.rdzv_backend != "c10d" or config.rdzv_configs.get("store_type") != "file":
+        yield
+        return
+    key = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    saved = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = saved
 
 
 @contextlib.contextmanager

@@ -1,0 +1,420 @@
+"""The CPU path for real: worker processes started by torch elastic through notebook_launcher.
+
+Functions given to the launcher are defined in this module and reach the workers by fork, as a
+notebook's functions do. Tests never assert a duration; a hang ends at pytest's timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+import xlaunch
+from xlaunch import LaunchError, LaunchTimeout, debug_launcher, notebook_launcher
+
+
+@pytest.fixture(autouse=True)
+def cpu_only(monkeypatch):
+    monkeypatch.setenv("XLAUNCH_ACCELERATOR", "cpu")
+
+
+def rank_and_world(offset):
+    import torch.distributed as dist
+
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "offset": offset,
+            "local_rank": int(os.environ["LOCAL_RANK"]),
+            "tensor": torch.full((2,), float(dist.get_rank()))}
+
+
+def test_launch_returns_local_rank_zero_result():
+    result = notebook_launcher(rank_and_world, args=(7,), num_processes=2)
+    assert result["rank"] == 0 and result["world"] == 2 and result["offset"] == 7
+    assert result["local_rank"] == 0
+    assert torch.equal(result["tensor"], torch.zeros(2))
+
+
+def test_launch_is_the_same_function():
+    assert xlaunch.launch is notebook_launcher
+
+
+def test_debug_launcher_three_processes():
+    assert debug_launcher(rank_and_world, args=(1,), num_processes=3)["world"] == 3
+
+
+def all_reduce_rank():
+    import torch.distributed as dist
+
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    return value.item()
+
+
+@pytest.mark.parametrize("rdzv_backend", ["static", "c10d"])
+def test_rendezvous_backends_form_a_working_group(rdzv_backend):
+    assert notebook_launcher(all_reduce_rank, num_processes=2, rdzv_backend=rdzv_backend) == 3.0
+
+
+def engine_variables():
+    return {key: os.environ.get(key) for key in
+            ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+             "TORCHELASTIC_RUN_ID", "XLAUNCH_MIXED_PRECISION")}
+
+
+def test_workers_get_the_engine_environment_and_the_options():
+    seen = notebook_launcher(engine_variables, num_processes=2, rdzv_id="my-run-17",
+                             mixed_precision="BF16", monitor_interval=0.05)
+    assert seen["RANK"] == "0" and seen["LOCAL_RANK"] == "0" and seen["WORLD_SIZE"] == "2"
+    assert seen["MASTER_ADDR"] == "127.0.0.1" and int(seen["MASTER_PORT"]) > 0
+    assert seen["TORCHELASTIC_RUN_ID"] == "my-run-17"
+    assert seen["XLAUNCH_MIXED_PRECISION"] == "bf16"
+
+
+def test_engine_receives_every_option(tmp_path):
+    from xlaunch.backends.elastic import _launch_config
+    from xlaunch.environment import detect
+    from xlaunch.plan import make_plan
+    from xlaunch.worker import LaunchDir
+
+    plan = make_plan(detect(), num_processes=2, rdzv_backend="c10d", rdzv_conf={"timeout": 77},
+                     rdzv_id="abc", max_restarts=2, monitor_interval=0.25,
+                     log_line_prefix_template="${rank}: ")
+    config = _launch_config(plan, 12345, LaunchDir(str(tmp_path)))
+    assert (config.rdzv_backend, config.rdzv_configs["timeout"], config.run_id) == ("c10d", 77, "abc")
+    assert config.rdzv_configs["store_type"] == "file"  # one node: no listening store
+    assert (config.max_restarts, config.monitor_interval) == (2, 0.25)
+    assert config.log_line_prefix_template == "${rank}: "
+    assert config.nproc_per_node == 2 and config.start_method == "fork"
+
+
+def fail_until_third_attempt(counter):
+    import torch.distributed as dist
+
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if dist.get_rank() == 0:
+        Path(counter).write_text(str(attempt))
+    if attempt < 2:
+        raise RuntimeError(f"failing on attempt {attempt}")
+    return attempt
+
+
+def test_max_restarts_reruns_the_workers(tmp_path):
+    counter = tmp_path / "attempts"
+    assert notebook_launcher(fail_until_third_attempt, args=(str(counter),), num_processes=2,
+                             max_restarts=3) == 2
+    assert counter.read_text() == "2"
+
+
+def test_without_restarts_the_first_failure_ends_the_launch(tmp_path):
+    with pytest.raises(LaunchError, match="failing on attempt 0"):
+        notebook_launcher(fail_until_third_attempt, args=(str(tmp_path / "n"),), num_processes=2)
+
+
+def raise_on_rank_one_while_rank_zero_sleeps():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("rank one has bad data")
+    time.sleep(100)
+
+
+@pytest.mark.timeout(60)  # the peer sleeps 100 s: only a launch that stops it can pass
+def test_raise_while_peer_sleeps_ends_with_the_raisers_message():
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(raise_on_rank_one_while_rank_zero_sleeps, num_processes=2)
+    error = caught.value
+    assert error.root_cause.rank == 1
+    assert error.root_cause.exc_type == "ValueError"
+    text = str(error)
+    assert text.index("[root cause] rank 1") < text.find("rank 0") or "rank 0" not in text
+    assert "ValueError: rank one has bad data" in text
+    assert "raise_on_rank_one_while_rank_zero_sleeps" in text  # the user's frame
+    assert "worker.py" not in error.root_cause.traceback  # the launcher's frames are not
+
+
+def raise_then_peer_breaks():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise KeyError("missing column 'label'")
+    dist.barrier()  # fails once rank 1 is gone: a secondary failure
+
+
+@pytest.mark.timeout(120)
+def test_root_cause_leads_and_peers_are_secondary():
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(raise_then_peer_breaks, num_processes=2)
+    failures = caught.value.failures
+    assert failures[0].rank == 1 and failures[0].exc_type == "KeyError"
+    assert not failures[0].secondary
+    assert all(f.secondary for f in failures[1:])
+    assert str(caught.value).splitlines()[2].startswith("[root cause] rank 1")
+
+
+def rank_one_never_reaches_the_barrier():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        time.sleep(100)
+    xlaunch.wait_for_everyone()
+
+
+@pytest.mark.timeout(60)
+def test_timeout_stops_every_rank_and_shows_where_each_stood():
+    with pytest.raises(LaunchTimeout) as caught:
+        notebook_launcher(rank_one_never_reaches_the_barrier, num_processes=2, timeout=3)
+    stacks = {f.rank: f.stack for f in caught.value.failures}
+    assert set(stacks) == {0, 1}
+    assert "wait_for_everyone" in stacks[0]
+    assert "rank_one_never_reaches_the_barrier" in stacks[1] and "wait_for_everyone" not in stacks[1]
+    for failure in caught.value.failures:
+        assert not psutil.pid_exists(failure.pid) or psutil.Process(failure.pid).status() == "zombie"
+
+
+def test_timeout_in_a_single_inline_process():
+    with pytest.raises(LaunchTimeout) as caught:
+        notebook_launcher(time.sleep, args=(100,), num_processes=1, timeout=1)
+    assert caught.value.failures[0].rank == 0
+
+
+def test_single_process_runs_in_the_caller():
+    assert notebook_launcher(os.getpid, num_processes=1) == os.getpid()
+    assert notebook_launcher(os.getpid) == os.getpid()  # CPU-only machine: one process
+
+
+def test_single_process_failure_is_a_launch_error_with_the_original_chained():
+    def broken():
+        raise ZeroDivisionError("inline")
+
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(broken, num_processes=1)
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)
+    assert caught.value.root_cause.exc_type == "ZeroDivisionError"
+
+
+def listening_addresses():
+    """Every listening socket of this worker and of the launching process."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    found = []
+    for process in (psutil.Process(), psutil.Process(os.getppid())):
+        for conn in process.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN:
+                found.append(conn.laddr.ip)
+    dist.barrier()
+    return found
+
+
+@pytest.mark.parametrize("rdzv_backend", ["static", "c10d"])
+def test_single_node_listens_on_loopback_only(rdzv_backend):
+    addresses = notebook_launcher(listening_addresses, num_processes=2, rdzv_backend=rdzv_backend)
+    assert all(ip in ("127.0.0.1", "::1") or ip.startswith("127.") for ip in addresses), addresses
+
+
+def master_port():
+    return int(os.environ["MASTER_PORT"])
+
+
+def test_default_port_taken_uses_another():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 29500))
+        holder.listen()
+        assert notebook_launcher(master_port, num_processes=2) != 29500
+
+
+def test_named_port_taken_is_an_error_naming_it():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"port {port} .*already in use"):
+            notebook_launcher(master_port, num_processes=2, use_port=str(port))
+
+
+def test_named_free_port_is_used():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert notebook_launcher(master_port, num_processes=2, use_port=str(port)) == port
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_processes": 0}, "num_processes"),
+        ({"num_processes": 2, "node_rank": 1}, "node_rank"),
+        ({"num_processes": 2, "mixed_precision": "fp8"}, "mixed_precision"),
+        ({"num_processes": 2, "rdzv_backend": "zookeeper"}, "rdzv_backend"),
+        ({"num_processes": 2, "use_port": "http"}, "use_port"),
+        ({"num_processes": 2, "timeout": 0}, "timeout"),
+        ({"num_processes": 2, "start_method": "thread"}, "start_method"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_process_starts(kwargs, message):
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    with pytest.raises(ValueError, match=message):
+        notebook_launcher(os.getpid, **kwargs)
+    after = {child.pid for child in psutil.Process().children(recursive=True)}
+    assert after <= before
+
+
+def test_more_processes_than_gpus_is_refused(monkeypatch):
+    monkeypatch.setenv("XLAUNCH_ACCELERATOR", "cuda")  # this machine has none
+    with pytest.raises(ValueError, match="GPU"):
+        notebook_launcher(os.getpid, num_processes=2)
+
+
+def test_not_callable_is_a_type_error():
+    with pytest.raises(TypeError, match="callable"):
+        notebook_launcher("train", num_processes=2)
+
+
+def test_unpicklable_function_under_spawn_is_a_type_error_naming_it():
+    def defined_inside_a_test():
+        return 1
+
+    with pytest.raises(TypeError, match="defined_inside_a_test"):
+        notebook_launcher(defined_inside_a_test, num_processes=2, start_method="spawn")
+
+
+def test_spawn_start_method_runs_a_module_function():
+    assert notebook_launcher(all_reduce_rank, num_processes=2, start_method="spawn") == 3.0
+
+
+def test_cuda_initialised_in_the_caller_is_refused(monkeypatch):
+    # No GPU exists here: stand in for CUDA's own flag, the one thing that cannot be real.
+    from xlaunch.launcher import run_plan
+    from xlaunch.plan import LaunchPlan
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    plan = LaunchPlan(backend="elastic", accelerator="cuda", num_processes=2, dist_backend="nccl")
+    with pytest.raises(RuntimeError, match="restart the kernel|Restart the kernel"):
+        run_plan(plan, os.getpid, ())
+
+
+def unpicklable_result():
+    return lambda: 1
+
+
+def test_unpicklable_return_value_is_reported():
+    with pytest.raises(LaunchError, match="cannot be sent back"):
+        notebook_launcher(unpicklable_result, num_processes=2)
+
+
+def run_script(tmp_path, body, *args, env=None, timeout=120):
+    script = tmp_path / "launch_script.py"
+    script.write_text(textwrap.dedent(body))
+    full_env = {**os.environ, "XLAUNCH_ACCELERATOR": "cpu", **(env or {})}
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def test_output_is_prefixed_with_the_rank(tmp_path):
+    done = run_script(tmp_path, """
+        import xlaunch
+        def hello():
+            import logging, torch.distributed as dist
+            logging.basicConfig(level=logging.INFO)
+            print("hello from", dist.get_rank())
+            logging.getLogger("train").info("logged by %d", dist.get_rank())
+        xlaunch.notebook_launcher(hello, num_processes=2)
+    """)
+    assert done.returncode == 0, done.stderr
+    assert "[rank 0] hello from 0" in done.stdout and "[rank 1] hello from 1" in done.stdout
+    assert "[rank 1] INFO:train:logged by 1" in done.stderr
+
+
+def test_log_line_prefix_template_reaches_the_engine(tmp_path):
+    done = run_script(tmp_path, """
+        import xlaunch
+        def hello():
+            import torch.distributed as dist
+            print("hello from", dist.get_rank())
+        xlaunch.notebook_launcher(hello, num_processes=2, log_line_prefix_template="<${rank}> ")
+    """)
+    assert done.returncode == 0, done.stderr
+    assert "<0> hello from 0" in done.stdout and "<1> hello from 1" in done.stdout
+
+
+def test_sigint_stops_every_worker_and_the_next_launch_works(tmp_path):
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, time, xlaunch
+        def sleeper():
+            open(os.path.join({str(tmp_path)!r}, "pid-" + os.environ["RANK"]), "w").write(str(os.getpid()))
+            time.sleep(100)
+        def quick():
+            import torch.distributed as dist
+            return dist.get_world_size()
+        try:
+            xlaunch.notebook_launcher(sleeper, num_processes=2)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        print("relaunch", xlaunch.notebook_launcher(quick, num_processes=2), flush=True)
+        try:
+            xlaunch.notebook_launcher(sleeper, num_processes=2)
+        except KeyboardInterrupt:
+            print("interrupted again", flush=True)
+    """))
+    env = {**os.environ, "XLAUNCH_ACCELERATOR": "cpu"}
+    launcher = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        worker_pids = []
+        for _ in range(2):
+            pid_files = [tmp_path / "pid-0", tmp_path / "pid-1"]
+            deadline = time.monotonic() + 60
+            while not all(p.exists() and p.read_text() for p in pid_files):
+                assert time.monotonic() < deadline, "workers never started"
+                time.sleep(0.05)
+            worker_pids += [int(p.read_text()) for p in pid_files]
+            for p in pid_files:
+                p.unlink()
+            launcher.send_signal(2)
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+    assert "interrupted\nrelaunch 2\ninterrupted again" in out, err
+    for pid in worker_pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+
+
+def test_two_nodes_form_one_world(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = tmp_path / "node.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, torch, xlaunch
+        def world():
+            import torch.distributed as dist
+            total = torch.tensor([float(dist.get_rank())])
+            dist.all_reduce(total)
+            return dist.get_rank(), dist.get_world_size(), total.item()
+        node_rank = int(sys.argv[1])
+        print("result", xlaunch.notebook_launcher(
+            world, num_processes=2, num_nodes=2, node_rank=node_rank, rdzv_backend="c10d",
+            rdzv_endpoint="127.0.0.1:{port}", rdzv_id="two-nodes"))
+    """))
+    env = {**os.environ, "XLAUNCH_ACCELERATOR": "cpu"}
+    nodes = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for rank in (0, 1)]
+    try:
+        outputs = [node.communicate(timeout=120) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    lines = [line for out, _ in outputs for line in out.splitlines()]
+    results = sorted(line for line in lines if line.startswith("result"))
+    assert len(results) == 2, outputs
+    # Each node returns its own local rank 0: global ranks 0 and 2 of a world of 4; 0+1+2+3 = 6.
+    assert results == ["result (0, 4, 6.0)", "result (2, 4, 6.0)"]
