@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The main job: show this machine as xlaunch sees it, then train a small model across its
+# processes (every TPU core, every GPU, or 2 CPU processes here) and check that ranks agree.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/_venv.sh
+
+PY=$(make_venv demo requirements/demo.txt)
+"$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
+  || "$PY" -m pip install -q --no-deps -e .
+BIN=$(dirname "$PY")
+"$BIN/xlaunch" env
+"$BIN/xlaunch" demo "$@"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The whole test suite, in tiers: lint and types, core tests (torch CPU), notebooks in a real
+# Jupyter kernel, the docs build, and the torch_xla tier in its own venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/_venv.sh
+
+PY=$(make_venv dev requirements/dev.txt)
+"$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
+  || "$PY" -m pip install -q --no-deps -e .
+BIN=$(dirname "$PY")
+
+status=0
+run_tier() {  # run_tier NAME COMMAND...: pytest's "no tests collected" (5) is a failure here too
+  echo "=== $1"; shift
+  if ! "$@"; then echo "=== FAILED: $*"; status=1; fi
+}
+
+run_tier "lint (ruff)" "$BIN/ruff" check src tests bench
+run_tier "types (mypy)" "$BIN/mypy"
+run_tier "core tests (torch $("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))'))" \
+  "$PY" -m pytest tests --ignore=tests/xla --ignore=tests/notebooks -q -p no:cacheprovider
+if [ -d tests/notebooks ]; then
+  run_tier "notebook tests (real Jupyter kernel)" "$PY" -m pytest tests/notebooks -q -p no:cacheprovider
+fi
+if [ -f mkdocs.yml ]; then
+  run_tier "docs build (mkdocs --strict)" "$BIN/mkdocs" build --strict --quiet --site-dir "$(mktemp -d)"
+fi
+if [ -d tests/xla ] && [ "${XLAUNCH_SKIP_XLA:-0}" != 1 ]; then
+  XPY=$(make_venv xla requirements/xla.txt)
+  "$XPY" -m pip install -q -r requirements/xla-test.txt
+  "$XPY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
+    || "$XPY" -m pip install -q --no-deps -e .
+  run_tier "torch_xla tier (PJRT_DEVICE=CPU)" env PJRT_DEVICE=CPU CPU_NUM_DEVICES=1 \
+    "$XPY" -m pytest tests/xla -q -p no:cacheprovider
+fi
+exit $status
