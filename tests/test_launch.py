@@ -418,3 +418,31 @@ def test_two_nodes_form_one_world(tmp_path):
     assert len(results) == 2, outputs
     # Each node returns its own local rank 0: global ranks 0 and 2 of a world of 4; 0+1+2+3 = 6.
     assert results == ["result (0, 4, 6.0)", "result (2, 4, 6.0)"]
+
+
+def precision_in_worker():
+    state = xlaunch.ProcessState()
+    with state.autocast():
+        product = torch.ones(4, 4) @ torch.ones(4, 4)
+    return state.mixed_precision, state.process_index, state.num_processes, product.dtype
+
+
+@pytest.mark.parametrize("launcher_kwargs", [{"num_processes": 2}, {"num_processes": 1}])
+def test_mixed_precision_takes_effect_in_the_workers(launcher_kwargs):
+    precision, index, count, dtype = notebook_launcher(precision_in_worker, mixed_precision="bf16",
+                                                       **launcher_kwargs)
+    assert (precision, index, count, dtype) == ("bf16", 0, launcher_kwargs["num_processes"],
+                                                torch.bfloat16)
+    assert os.environ.get("XLAUNCH_MIXED_PRECISION") is None  # the caller is left as it was
+
+
+def test_state_made_before_the_launch_reports_each_workers_rank(tmp_path):
+    state = xlaunch.ProcessState()
+    assert (state.process_index, state.num_processes) == (0, 1)
+
+    def record():
+        (tmp_path / f"rank-{state.process_index}").write_text(str(state.num_processes))
+
+    notebook_launcher(record, num_processes=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-0", "rank-1"]
+    assert (tmp_path / "rank-1").read_text() == "2"
