@@ -48,6 +48,8 @@ class LaunchPlan:
     worker_env: Mapping[str, str] = field(default_factory=dict)  # set in every worker
     unset_env: tuple[str, ...] = ()  # removed before workers start
     notes: tuple[str, ...] = ()  # what the user should be told about this plan
+    xla_nprocs: int | None = None  # XLA path: xmp.spawn's nprocs, None (the layout) or 1 replica
+    legacy_tpu_node: bool = False  # XLA path to a remote TPU Node (torch_xla <= 2.0 only)
 
     @property
     def world_size(self) -> int:
@@ -140,7 +142,8 @@ def _xla_plan(env: Environment, num_processes: int | None, precision: str,
     return LaunchPlan(
         backend="xla", accelerator=env.accelerator, num_processes=layout.processes,
         threads_per_process=layout.threads_per_process, dist_backend="xla",
-        worker_env=layout.env, unset_env=layout.unset_env, notes=notes + layout.notes, **common,
+        worker_env=layout.env, unset_env=layout.unset_env, notes=notes + layout.notes,
+        xla_nprocs=layout.nprocs, legacy_tpu_node=env.legacy_tpu_node, **common,
     )
 
 
