@@ -69,8 +69,8 @@ def debug_launcher(
 
 
 def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    for note in plan.notes:
-        print(f"xlaunch: {note}", file=sys.stderr)
+    for line in (*plan.notes, f"launching {plan.summary()}"):
+        print(f"xlaunch: {line}", file=sys.stderr)
     if plan.accelerator == "cuda" and plan.start_method == "fork" and plan.backend == "elastic":
         _refuse_initialised_cuda()
     backend = import_module(f".backends.{plan.backend}", __package__)

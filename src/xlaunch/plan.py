@@ -61,6 +61,23 @@ class LaunchPlan:
         """A single-node launch needs no address beyond loopback."""
         return self.num_nodes == 1
 
+    def summary(self) -> str:
+        """One line saying what will run, so a launch never silently does something else."""
+        count = self.num_processes * self.threads_per_process
+        one, many = {"tpu": ("TPU core", "TPU cores"), "cuda": ("GPU", "GPUs"),
+                     "cpu": ("CPU process", "CPU processes")}[self.accelerator]
+        text = f"{count} {one if count == 1 else many}"
+        if self.backend == "xla":
+            text += f" through torch_xla ({self.num_processes} process(es)"
+            text += f" x {self.threads_per_process} threads)" if self.threads_per_process > 1 else ")"
+        elif self.backend == "elastic":
+            text += f" through torch elastic ({self.dist_backend}, {self.start_method})"
+        else:
+            text += " in this process"
+        if self.num_nodes > 1:
+            text += f" on node {self.node_rank} of {self.num_nodes}"
+        return text
+
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["rdzv_conf"] = dict(self.rdzv_conf)
