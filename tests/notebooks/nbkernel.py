@@ -1,0 +1,140 @@
+"""Driving a real Jupyter kernel from a test, and making sure it leaves no process behind.
+
+`Kernel` runs cells one at a time through jupyter_client, as a person does in a notebook, and
+collects what each cell shows (stdout, stderr, the displayed result, the error). The process
+helpers find what a kernel started (its launch's workers) so that tests can check that none
+outlived a launch, and kill, then report, any that did.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+KERNEL_NAME = "xlaunch-tests"
+STARTUP_TIMEOUT = 120  # seconds for a kernel to answer; the machine may be busy
+CELL_TIMEOUT = 300  # seconds for one cell; a launch that hangs fails here, not at pytest's limit
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def living(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Processes still running; a zombie counts, since nobody reaped it."""
+    return [p for p in processes if p.is_running()]
+
+
+def kill_all(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Kill what is still alive of ``processes`` (all started by a test kernel); return them."""
+    survivors = living(processes)
+    for process in survivors:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(survivors, timeout=10)
+    return survivors
+
+
+@dataclass
+class CellRun:
+    """What one executed cell produced, as the notebook shows it."""
+
+    status: str  # "ok" or "error"
+    stdout: str = ""
+    stderr: str = ""
+    results: list[str] = field(default_factory=list)  # text/plain of execute_result outputs
+    error: dict[str, Any] | None = None  # ename, evalue, traceback
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    @property
+    def error_text(self) -> str:
+        if self.error is None:
+            return ""
+        return "\n".join([self.error["ename"], self.error["evalue"], *self.error["traceback"]])
+
+    def describe(self) -> str:
+        return (f"status={self.status}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}\n"
+                f"--- results\n{self.results}\n--- error\n{self.error_text}")
+
+
+class Kernel:
+    """One running ipykernel, driven cell by cell as a person in a notebook would."""
+
+    def __init__(self, env: dict[str, str], cwd: Path) -> None:
+        from jupyter_client import KernelManager
+
+        self.manager = KernelManager(kernel_name=KERNEL_NAME)
+        self.manager.start_kernel(env=env, cwd=str(cwd))
+        self.client = self.manager.blocking_client()
+        self.client.start_channels()
+        try:
+            self.client.wait_for_ready(timeout=STARTUP_TIMEOUT)
+        except Exception:
+            self.shutdown()
+            raise
+        self._seen: list[psutil.Process] = []
+
+    @property
+    def pid(self) -> int:
+        return int(self.manager.provisioner.process.pid)  # type: ignore[union-attr]
+
+    def children(self) -> list[psutil.Process]:
+        """The kernel's live descendants (remembered, so shutdown can check on them)."""
+        found = descendants(self.pid)
+        self._seen.extend(found)
+        return living(found)
+
+    def run(self, code: str, timeout: float = CELL_TIMEOUT,
+            while_running: Callable[[], None] | None = None) -> CellRun:
+        """Execute ``code`` as one cell; ``while_running`` is called in a thread meanwhile."""
+        run = CellRun(status="?")
+
+        def collect(message: dict[str, Any]) -> None:
+            kind, content = message["msg_type"], message["content"]
+            if kind == "stream":
+                if content["name"] == "stdout":
+                    run.stdout += content["text"]
+                else:
+                    run.stderr += content["text"]
+            elif kind == "execute_result":
+                run.results.append(content["data"].get("text/plain", ""))
+            elif kind == "error":
+                run.error = content
+
+        helper = None
+        if while_running is not None:
+            helper = threading.Thread(target=while_running, name="cell-helper", daemon=True)
+            helper.start()
+        try:
+            reply = self.client.execute_interactive(code, timeout=timeout, output_hook=collect)
+        finally:
+            if helper is not None:
+                helper.join(timeout)
+        run.status = reply["content"]["status"]
+        return run
+
+    def interrupt(self) -> None:
+        self.manager.interrupt_kernel()
+
+    def shutdown(self) -> list[psutil.Process]:
+        """Stop the kernel; return (after killing them) its processes that outlived it."""
+        processes = list(self._seen)
+        if self.manager.has_kernel:
+            processes += descendants(self.pid)
+        self.client.stop_channels()
+        if self.manager.has_kernel:
+            self.manager.shutdown_kernel(now=True)
+        return kill_all(processes)

@@ -1,0 +1,132 @@
+"""The notebooks in colab/, executed end to end in a real Jupyter kernel through nbclient.
+
+The kernel runs with ``XLAUNCH_NOTEBOOK_CI=1`` (the install cell skips pip) and
+``XLAUNCH_ACCELERATOR=cpu``: each notebook's launch cell then asks for 2 CPU processes, so the
+launched training runs for real through the fallback path. Cells are found by their tags
+(``install``, ``env``, ``train``, ``launch``, ``check``); the launch cell leaves its return value
+in ``result``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from nbkernel import CELL_TIMEOUT, KERNEL_NAME, STARTUP_TIMEOUT, descendants, kill_all, living
+
+COLAB = Path(__file__).resolve().parents[2] / "colab"
+NOTEBOOKS = sorted(COLAB.glob("*.ipynb"))
+EXPECTED = {"tpu_colab_quickstart.ipynb", "tpu_kaggle_v3_8.ipynb", "gpu_cpu_fallback.ipynb"}
+TPU_NOTEBOOKS = {"tpu_colab_quickstart.ipynb", "tpu_kaggle_v3_8.ipynb"}
+REQUIRED_TAGS = ("install", "env", "train", "launch", "check")
+RESULT_MARK = "XLAUNCH-TEST-RESULT "
+
+
+def tagged(nb: nbformat.NotebookNode, tag: str) -> nbformat.NotebookNode:
+    cells = [cell for cell in nb.cells if tag in cell.metadata.get("tags", [])]
+    assert len(cells) == 1, f"expected one cell tagged {tag!r}, found {len(cells)}"
+    return cells[0]
+
+
+def streams(cell: nbformat.NotebookNode, name: str) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs
+                   if o.output_type == "stream" and o.name == name)
+
+
+def errors(nb: nbformat.NotebookNode) -> list[str]:
+    return [f"{o.ename}: {o.evalue}" for cell in nb.cells if cell.cell_type == "code"
+            for o in cell.outputs if o.output_type == "error"]
+
+
+def test_the_three_notebooks_exist():
+    assert {path.name for path in NOTEBOOKS} == EXPECTED
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_stripped_v4_and_complete(path: Path):
+    nb = nbformat.read(path, as_version=nbformat.NO_CONVERT)
+    assert nb.nbformat == 4
+    nbformat.validate(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, "outputs must be stripped"
+    for tag in REQUIRED_TAGS:
+        tagged(nb, tag)
+    install = tagged(nb, "install").source
+    assert "XLAUNCH_NOTEBOOK_CI" in install and "%pip install" in install
+    assert tagged(nb, "env").source.strip() == "!xlaunch env"
+    assert "disable=not state.is_local_main_process" in tagged(nb, "train").source
+    launch = tagged(nb, "launch").source
+    assert "notebook_launcher(train" in launch and "result = " in launch
+    if path.name in TPU_NOTEBOOKS:
+        assert '"xlaunch[tpu]"' in install
+        assert 'mixed_precision="bf16"' in launch
+    links = "".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
+    assert f"/blob/main/colab/{path.name}" in links
+
+
+def execute(path: Path, kernel_env: dict[str, str], cwd: Path) -> tuple[nbformat.NotebookNode, list]:
+    """Run every cell, then one test-only cell printing ``result``; return the notebook and the
+    kernel's processes that were still alive after the last cell."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(
+        f"import json\nprint({RESULT_MARK!r} + json.dumps(result))"))
+    client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=CELL_TIMEOUT,
+                            startup_timeout=STARTUP_TIMEOUT, allow_errors=False)
+    seen: list[psutil.Process] = []
+    alive_after_cells: list[psutil.Process] = []
+    with client.setup_kernel(env=kernel_env, cwd=str(cwd)):
+        kernel_pid = client.km.provisioner.process.pid
+        try:
+            for index, cell in enumerate(nb.cells):
+                client.execute_cell(cell, index)
+                seen.extend(descendants(kernel_pid))
+            alive_after_cells = living(descendants(kernel_pid))
+        finally:
+            seen.extend(descendants(kernel_pid))
+    survivors = kill_all(seen)
+    assert not survivors, f"processes outlived the kernel (killed now): {survivors}"
+    return nb, alive_after_cells
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_end_to_end(path: Path, kernel_env: dict[str, str], tmp_path: Path):
+    nb, alive = execute(path, kernel_env, tmp_path)
+    assert not errors(nb)
+    assert not alive, f"the launch left processes running in the kernel: {alive}"
+
+    env_output = streams(tagged(nb, "env"), "stdout")
+    assert re.search(r"^\s*accelerator\s+cpu\s*$", env_output, re.M), env_output
+
+    launch = tagged(nb, "launch")
+    out, err = streams(launch, "stdout"), streams(launch, "stderr")
+    for rank in (0, 1):
+        assert re.search(rf"^\[rank {rank}\] process {rank} of 2 on cpu: \d+ samples$", out, re.M), out
+    worker_lines = [line for line in out.splitlines() if not line.startswith(("local:",))]
+    assert all(re.match(r"\[rank [01]\] ", line) for line in worker_lines), out
+    # The progress bar: drawn to the end, by the main process only.
+    bar_pieces = [piece for piece in re.split(r"[\r\n]", err) if "it/s" in piece]
+    assert bar_pieces and all(piece.startswith("[rank 0] ") for piece in bar_pieces), err
+    assert "100%|" in err, err
+    assert [o for o in launch.outputs if o.output_type == "execute_result"], "result is displayed"
+
+    assert "training worked" in streams(tagged(nb, "check"), "stdout")
+    printed = streams(nb.cells[-1], "stdout")
+    result = json.loads(printed.split(RESULT_MARK, 1)[1])
+    assert result["processes"] == 2
+    assert math.isfinite(result["final_loss"]) and result["final_loss"] < result["initial_loss"]
+    expected_precision = "bf16" if path.name in TPU_NOTEBOOKS else "no"
+    assert result["mixed_precision"] == expected_precision
+
+    if path.name == "gpu_cpu_fallback.ipynb":
+        failure = streams(tagged(nb, "failure"), "stdout")
+        assert "root cause: rank 1" in failure and "ValueError: bad batch in process 1" in failure
+        assert failure.index("[root cause] rank 1") < failure.index("[secondary failure")
