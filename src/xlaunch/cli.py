@@ -1,12 +1,17 @@
-"""The ``xlaunch`` command: ``xlaunch env`` now; ``run`` and ``demo`` join as one function each.
+"""The ``xlaunch`` command: ``env``, ``run`` and ``demo``, one function each.
 
 Each subcommand is a function in `COMMANDS` that adds its parser and sets ``handler``. Handlers
 import what they need when they run, so ``xlaunch env`` stays cheap and never imports torch or
-torch_xla (the versions it reports come from package metadata). A new command looks like::
+torch_xla (the versions it reports come from package metadata). ``run`` and ``demo`` declare their
+options in their own modules, which are imported to build the parser and so import torch only
+inside their handlers. A new command looks like::
 
     def add_demo(commands):
+        from . import demo
+
         parser = commands.add_parser("demo", help="a small training run on this machine")
-        parser.set_defaults(handler=lambda args: import_module("xlaunch.demo").main(args))
+        demo.add_arguments(parser)
+        parser.set_defaults(handler=demo.main)
 """
 
 from __future__ import annotations
@@ -65,7 +70,32 @@ def add_env(commands: Any) -> None:
     parser.set_defaults(handler=env_command)
 
 
-COMMANDS: list[Callable[[Any], None]] = [add_env]
+def add_run(commands: Any) -> None:
+    from . import run
+
+    parser = commands.add_parser(
+        "run", help="run a script in every TPU core, GPU or CPU process",
+        description="Run `python script.py ARGS` in every process of this machine, on the paths "
+                    "xlaunch.launch takes (on a TPU pod: run the same command on every host).",
+    )
+    run.add_arguments(parser)
+    parser.set_defaults(handler=run.main)
+
+
+def add_demo(commands: Any) -> None:
+    from . import demo
+
+    parser = commands.add_parser(
+        "demo", help="train a small model across this machine's processes and check they agree",
+        description="A small data-parallel training (model and data made in place, no downloads) "
+                    "on every TPU core, GPU, or 2 CPU processes; exits non-zero unless every rank "
+                    "ends with identical parameters.",
+    )
+    demo.add_arguments(parser)
+    parser.set_defaults(handler=demo.main)
+
+
+COMMANDS: list[Callable[[Any], None]] = [add_env, add_run, add_demo]
 
 
 def env_command(args: argparse.Namespace) -> int:
