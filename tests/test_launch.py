@@ -454,3 +454,15 @@ def test_the_launch_says_what_it_runs(capfd):
     notebook_launcher(os.getpid)
     err = capfd.readouterr().err
     assert "running 1 process on the CPU" in err and "launching 1 CPU process in this process" in err
+
+
+def cpu_threads():
+    return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+
+
+def test_cpu_processes_share_the_cores_instead_of_each_taking_all(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    expected = max(1, (os.cpu_count() or 1) // 2)
+    assert notebook_launcher(cpu_threads, num_processes=2) == (expected, str(expected))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's own setting wins
+    assert notebook_launcher(cpu_threads, num_processes=2)[1] == "1"

@@ -15,7 +15,6 @@ imports this module) stays cheap and the GPU/CPU path never imports torch_xla.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -186,11 +185,6 @@ def _train_torch(config: DemoConfig) -> dict[str, Any]:
     state = ProcessState()
     rank, world, device = state.process_index, state.num_processes, state.device
     distributed = state.backend is not None
-    if device.type == "cpu" and distributed and "OMP_NUM_THREADS" not in os.environ:
-        # Each process would start a thread per core and they would fight over the cores (the demo
-        # ran 2.5x slower on 2 cores); torchrun sets OMP_NUM_THREADS=1 for the same reason.
-        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_processes))
     shard_x, shard_y = _shard(config)
     shard_x, shard_y = shard_x.to(device), shard_y.to(device)
     print(f"rank {rank}/{world}: training on {len(shard_x)} of {config.samples} samples on {device}")
