@@ -103,9 +103,10 @@ def _replica(index: int, job: _Job | None = None) -> None:
     assert job is not None
     if not faulthandler.is_enabled():  # spawn/forkserver: a crash still leaves its stack on fd 2
         faulthandler.enable(file=2, all_threads=False)
-    worker = Worker(job.launch_dir, 0, index, _world_size(), job.env, job.prefix_output)
+    world_size, local_ordinal = _world()
+    worker = Worker(job.launch_dir, 0, index, world_size, job.env, job.prefix_output)
     result = worker.run(job.function, job.args)
-    if index != 0:
+    if local_ordinal != 0:  # each host of a pod returns its own first replica's result
         return
     try:
         data = pickle.dumps(to_cpu(result))
@@ -119,15 +120,16 @@ def _replica(index: int, job: _Job | None = None) -> None:
     partial.replace(worker.attempt / "result.pkl")
 
 
-def _world_size() -> int:
+def _world() -> tuple[int, int]:
+    """World size and this replica's ordinal on its host: torch_xla.runtime, else its forerunners."""
     try:
         import torch_xla.runtime as xr
 
-        return int(xr.world_size())
-    except (ImportError, AttributeError):  # torch_xla before torch_xla.runtime
+        return int(xr.world_size()), int(xr.local_ordinal())
+    except (ImportError, AttributeError):
         import torch_xla.core.xla_model as xm
 
-        return int(xm.xrt_world_size())
+        return int(xm.xrt_world_size()), int(xm.get_local_ordinal())
 
 
 # --- the launch leader (a forked child of the caller) ------------------------------------------
@@ -233,9 +235,12 @@ class _Leader:
             os.close(read_end)
             os.close(write_end)
             raise
-        if pid == 0:
-            os.close(read_end)
-            _lead(self.plan, self.job, write_end)
+        if pid == 0:  # the leader: it must never return into the caller's code
+            try:
+                os.close(read_end)
+                _lead(self.plan, self.job, write_end)
+            finally:
+                os._exit(1)
         os.close(write_end)
         with contextlib.suppress(OSError):  # the child does it too; whoever comes first wins
             os.setpgid(pid, pid)
@@ -336,15 +341,16 @@ class _Leader:
         ranks: dict[int, list[int]] = {}
         for rank, pid in worker_pids(self.attempt).items():
             ranks.setdefault(pid, []).append(rank)
-        unknown = (rank for rank in range(self.plan.world_size + len(exits))
-                   if rank not in {r for rs in ranks.values() for r in rs})
+        known = {rank for listed in ranks.values() for rank in listed}
+        # A process that died before it learnt its rank gets one no other process has.
+        spare = iter(sorted(set(range(self.plan.world_size + len(exits))) - known))
         failures = []
         for pid, code in exits.items():
             if code in (0, CANCELLED_EXIT) or (self.stopped and code < 0):
                 continue
             # The pool terminates (SIGTERM) the rest once one dies: those are not the cause.
             when = 0 if code == -signal.SIGTERM else time.time_ns()
-            for rank in ranks.get(pid) or [next(unknown)]:
+            for rank in ranks.get(pid) or [next(spare)]:
                 if rank not in reported:
                     failures.append(ProcessFailure(rank=rank, pid=pid, exitcode=code,
                                                    timestamp_ns=when,
@@ -367,9 +373,11 @@ class _Tail:
 
     def _pump(self, fd: int) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         try:
             while True:
-                if not select.select([fd], [], [], POLL_S)[0]:
+                if not poller.poll(POLL_S * 1000):
                     if self._done.is_set():
                         break  # something outside the launch still holds the pipe
                     continue
@@ -448,7 +456,8 @@ def prepare_tpu_node(environ: Mapping[str, str], xla_version: str | None = None)
     the runtime version is selected with cloud-tpu-client, as torch_xla 1.x did on import.
     """
     version = xla_version or _installed_version("torch_xla")
-    release = _release(version)
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    release = (int(match[1]), int(match[2])) if match else None
     if release is None or release > (2, 0) or importlib.util.find_spec("cloud_tpu_client") is None:
         found = f"torch_xla {version}" if version else "torch_xla is not installed"
         raise RuntimeError(
@@ -463,7 +472,6 @@ def prepare_tpu_node(environ: Mapping[str, str], xla_version: str | None = None)
     address = environ.get("COLAB_TPU_ADDR") or environ.get("TPU_NAME", "").split("grpc://")[-1]
     remote = ":" in address
     target = f"grpc://{address}" if remote else environ.get("TPU_NAME")
-    assert release is not None
     client = cloud_tpu_client.Client(tpu=target)
     client.configure_tpu_version(f"pytorch-{release[0]}.{release[1]}", restart_type="ifNeeded")
     if not remote:
@@ -490,11 +498,6 @@ def _installed_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _release(version: str | None) -> tuple[int, int] | None:
-    match = re.match(r"(\d+)\.(\d+)", version or "")
-    return (int(match[1]), int(match[2])) if match else None
 
 
 def _describe(error: BaseException) -> dict[str, Any]:
