@@ -16,9 +16,20 @@ make_venv() {
     "$venv/bin/python" -m pip install -q --upgrade pip >&2 2>/dev/null || true
     local req
     for req in "$@"; do
-      "$venv/bin/python" -m pip install -q -r "$req" >&2
+      pip_quiet "$venv/bin/python" -r "$req"
     done
     touch "$venv/.complete"
   fi
   echo "$venv/bin/python"
+}
+
+# pip_quiet PYTHON ARGS...: pip install without this machine's notes on its local package mirrors.
+pip_quiet() {
+  local py="$1"; shift
+  { "$py" -m pip install -q "$@" 2>&1; } | { grep -v -e "is ignored: it is neither" -e "^\s*$" || true; } >&2
+}
+
+# install_here PYTHON: this checkout into the venv, editable, without touching its dependencies.
+install_here() {
+  pip_quiet "$1" --no-deps --no-build-isolation -e . || pip_quiet "$1" --no-deps -e .
 }

@@ -6,8 +6,7 @@ cd "$(dirname "$0")/.."
 . scripts/_venv.sh
 
 PY=$(make_venv demo requirements/demo.txt)
-"$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
-  || "$PY" -m pip install -q --no-deps -e .
+install_here "$PY"
 BIN=$(dirname "$PY")
 "$BIN/xlaunch" env
 "$BIN/xlaunch" demo "$@"

@@ -6,8 +6,7 @@ cd "$(dirname "$0")/.."
 . scripts/_venv.sh
 
 PY=$(make_venv dev requirements/dev.txt)
-"$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
-  || "$PY" -m pip install -q --no-deps -e .
+install_here "$PY"
 BIN=$(dirname "$PY")
 
 status=0
@@ -28,10 +27,15 @@ if [ -f mkdocs.yml ]; then
 fi
 if [ -d tests/xla ] && [ "${XLAUNCH_SKIP_XLA:-0}" != 1 ]; then
   XPY=$(make_venv xla requirements/xla.txt)
-  "$XPY" -m pip install -q -r requirements/xla-test.txt
-  "$XPY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
-    || "$XPY" -m pip install -q --no-deps -e .
+  pip_quiet "$XPY" -r requirements/xla-test.txt
+  install_here "$XPY"
   run_tier "torch_xla tier (PJRT_DEVICE=CPU)" env PJRT_DEVICE=CPU CPU_NUM_DEVICES=1 \
     "$XPY" -m pytest tests/xla -q -p no:cacheprovider
 fi
+# Legacy TPU Nodes: the real cloud-tpu-client (old protobuf and Google API pins) in its own venv,
+# talking to a loopback stand-in for the TPU API.
+NPY=$(make_venv tpu-node requirements/tpu-node.txt)
+install_here "$NPY"
+run_tier "TPU Node tier (cloud-tpu-client against a loopback stub)" \
+  "$NPY" -m pytest tests/test_tpu_layout.py -q -p no:cacheprovider -k tpu_node
 exit $status
