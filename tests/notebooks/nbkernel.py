@@ -8,6 +8,7 @@ outlived a launch, and kill, then report, any that did.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -120,6 +121,12 @@ class Kernel:
             helper.start()
         try:
             reply = self.client.execute_interactive(code, timeout=timeout, output_hook=collect)
+        except TimeoutError:
+            # Free the kernel for the next test: stop the cell and let its reply arrive.
+            self.interrupt()
+            with contextlib.suppress(Exception):
+                self.client.get_shell_msg(timeout=30)
+            raise
         finally:
             if helper is not None:
                 helper.join(timeout)

@@ -117,7 +117,7 @@ def stuck_in_rank_1():
     if ProcessState().process_index == 1:
         time.sleep(3600)
 
-notebook_launcher(stuck_in_rank_1, num_processes=2, timeout=5)
+notebook_launcher(stuck_in_rank_1, num_processes=2, timeout=15)
 ''')
     assert cell.status == "error" and cell.error is not None, cell.describe()
     assert cell.error["ename"] == "LaunchTimeout"
@@ -146,6 +146,7 @@ def test_an_interrupted_launch_stops_every_worker_and_the_next_launch_works(kern
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     workers: list[psutil.Process] = []
+    during: list[psutil.Process] = []  # the kernel's processes while the launch ran
 
     def interrupt_once_both_workers_sleep():
         deadline = time.monotonic() + 120
@@ -153,6 +154,7 @@ def test_an_interrupted_launch_stops_every_worker_and_the_next_launch_works(kern
             files = sorted(pid_dir.glob("ready-*"))
             if len(files) == 2:
                 workers.extend(psutil.Process(int(f.read_text())) for f in files)
+                during.extend(kernel.children())
                 INTERRUPTS[how](kernel)
                 return
             time.sleep(0.05)
@@ -171,6 +173,7 @@ def sleeps(pid_dir):
 notebook_launcher(sleeps, args=({str(pid_dir)!r},), num_processes=2)
 ''', timeout=180, while_running=interrupt_once_both_workers_sleep)
     assert len(workers) == 2, f"the workers never wrote their pid files:\n{cell.describe()}"
+    assert set(workers) <= set(during), "the workers are the kernel's own processes, seen while running"
     assert cell.status == "error" and cell.error is not None, cell.describe()
     assert cell.error["ename"] == "KeyboardInterrupt", cell.describe()
 
