@@ -31,5 +31,5 @@ pip_quiet() {
 
 # install_here PYTHON: this checkout into the venv, editable, without touching its dependencies.
 install_here() {
-  pip_quiet "$1" --no-deps --no-build-isolation -e . || pip_quiet "$1" --no-deps -e .
+  pip_quiet "$1" --no-deps -e .
 }
