@@ -466,3 +466,70 @@ def test_cpu_processes_share_the_cores_instead_of_each_taking_all(monkeypatch):
     assert notebook_launcher(cpu_threads, num_processes=2) == (expected, str(expected))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's own setting wins
     assert notebook_launcher(cpu_threads, num_processes=2)[1] == "1"
+
+
+def killed_while_peer_waits():
+    import signal
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    xlaunch.wait_for_everyone()
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_killed_by_a_signal_is_the_root_cause_not_its_peers_error():
+    with pytest.raises(LaunchError) as caught:
+        debug_launcher(killed_while_peer_waits, timeout=60)
+    root = caught.value.root_cause
+    assert root.rank == 1 and root.exc_type is None
+    assert "without raising a Python exception" in str(caught.value)
+    assert all(f.secondary for f in caught.value.failures[1:])
+
+
+def test_partial_lines_are_prefixed_once():
+    import io
+
+    from xlaunch.worker import PrefixedStream
+
+    out = io.StringIO()
+    stream = PrefixedStream(out, "[rank 0] ")
+    for piece in ("50%", None, "\r", "100%", None, "\n", "a\nb", None, "c\n"):
+        stream.flush() if piece is None else stream.write(piece)
+    assert out.getvalue() == "[rank 0] 50%\r[rank 0] 100%\n[rank 0] a\n[rank 0] bc\n"
+
+
+def test_two_nodes_meet_without_naming_a_run(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = tmp_path / "node.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, xlaunch
+        def world():
+            import torch.distributed as dist
+            return dist.get_world_size()
+        print("result", xlaunch.notebook_launcher(world, num_processes=1, num_nodes=2,
+              node_rank=int(sys.argv[1]), use_port="{port}", timeout=60))
+    """))
+    env = {**os.environ, "XLAUNCH_ACCELERATOR": "cpu"}
+    nodes = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for rank in (0, 1)]
+    try:
+        outputs = [node.communicate(timeout=120) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [out.strip().splitlines()[-1] if out.strip() else err for out, err in outputs] == \
+        ["result 2", "result 2"]
+
+
+@pytest.mark.timeout(120)
+def test_timeout_ends_a_wait_for_nodes_that_never_come():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(LaunchTimeout, match="no worker had started"):
+        notebook_launcher(os.getpid, num_processes=1, num_nodes=2, node_rank=0,
+                          use_port=str(port), timeout=3)

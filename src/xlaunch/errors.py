@@ -51,18 +51,12 @@ class ProcessFailure:
 
 
 def order_failures(failures: Iterable[ProcessFailure]) -> list[ProcessFailure]:
-    """Root cause first, then the rest marked secondary, each group by time then rank."""
-    items = list(failures)
-    if not items:
-        return []
+    """Root cause first (the earliest failure; at a tie, one that raised), the rest secondary."""
+    def when(f: ProcessFailure) -> tuple[int, int, int, int]:
+        return (0 if f.timestamp_ns else 1, f.timestamp_ns, 0 if f.exc_type else 1, f.rank)
 
-    def when(f: ProcessFailure) -> tuple[int, int, int]:
-        return (0 if f.timestamp_ns else 1, f.timestamp_ns, f.rank)
-
-    raised = sorted((f for f in items if f.exc_type), key=when)
-    root = raised[0] if raised else sorted(items, key=when)[0]
-    rest = sorted((f for f in items if f is not root), key=when)
-    return [replace(root, secondary=False)] + [replace(f, secondary=True) for f in rest]
+    ordered = sorted(failures, key=when)
+    return [replace(f, secondary=i > 0) for i, f in enumerate(ordered)]
 
 
 def format_failures(failures: list[ProcessFailure], summary: str) -> str:
@@ -79,9 +73,8 @@ def format_failures(failures: list[ProcessFailure], summary: str) -> str:
         lines.append(f"[{label}] {failure.headline()}")
         if failure.traceback and not failure.secondary:
             lines.append(failure.traceback.rstrip())
-        elif failure.traceback:
-            last = failure.traceback.rstrip().splitlines()
-            lines.append("  " + (last[-1] if last else ""))
+        elif failure.message and not failure.exc_type:
+            lines.append(f"  {failure.message}")
         if failure.stack:
             lines.append(f"Python stack of rank {failure.rank} when it was stopped "
                          "(most recent call first):")

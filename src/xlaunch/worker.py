@@ -211,20 +211,27 @@ class PrefixedStream(io.TextIOBase):
         self._stream = stream
         self._prefix = prefix
         self._pending = ""
+        self._line_started = False  # part of the current line already went out (by a flush)
 
     def write(self, text: str) -> int:
         self._pending += text
         *complete, self._pending = re.split(r"(?<=[\r\n])", self._pending)
         if complete:
-            self._stream.write("".join(self._prefix + piece for piece in complete))
+            self._stream.write("".join(self._start() + piece for piece in complete))
             self._stream.flush()
         return len(text)
 
     def flush(self) -> None:
         if self._pending:
-            self._stream.write(self._prefix + self._pending)
+            self._stream.write(self._start() + self._pending)
             self._pending = ""
+            self._line_started = True
         self._stream.flush()
+
+    def _start(self) -> str:
+        prefix = "" if self._line_started else self._prefix
+        self._line_started = False
+        return prefix
 
     def isatty(self) -> bool:
         return bool(getattr(self._stream, "isatty", lambda: False)())

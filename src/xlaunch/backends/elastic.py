@@ -18,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import pickle
 import signal
 import socket
 import threading
-import uuid
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -59,19 +60,20 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
     prefix_output = plan.log_line_prefix_template is None
     entry = _Entry(function, args, launch_dir.path, plan, port, prefix_output)
     config = _launch_config(plan, port, launch_dir)
-    watchdog = _Watchdog(launch_dir, plan.timeout)
+    monitor = _Monitor(launch_dir, plan.timeout)
     try:
-        with _signal_handlers_restored(), _engine_quiet(), _no_shared_store(config), watchdog:
+        with _signal_handlers_restored(), _engine_quiet(), _no_shared_store(config), monitor:
             results = elastic_launch(config, _worker_main)(entry)
     except ChildFailedError as failed:
-        raise _launch_error(failed, launch_dir, watchdog) from None
+        raise _launch_error(failed, launch_dir, monitor) from None
     except SignalException as stopped:
-        if watchdog.fired:
-            raise _timeout_error(watchdog, plan) from None
+        if monitor.fired:
+            raise _timeout_error(monitor) from None
         raise KeyboardInterrupt(f"launch stopped by {stopped.sigval.name}") from None
-    except KeyboardInterrupt:
-        if watchdog.fired:
-            raise _timeout_error(watchdog, plan) from None
+    except BaseException:
+        # KeyboardInterrupt from the timeout, or the rendezvous giving up at the same limit.
+        if monitor.fired:
+            raise _timeout_error(monitor) from None
         raise
     finally:
         launch_dir.remove()
@@ -161,7 +163,7 @@ def _launch_config(plan: LaunchPlan, port: int, launch_dir: LaunchDir) -> Any:
     rdzv_backend, endpoint, rdzv_conf = _rendezvous(plan, port, launch_dir)
     options: dict[str, Any] = dict(
         min_nodes=plan.num_nodes, max_nodes=plan.num_nodes, nproc_per_node=plan.num_processes,
-        run_id=plan.rdzv_id if plan.rdzv_id != "none" else uuid.uuid4().hex,
+        run_id=plan.rdzv_id,  # every node must name the same run; "none" is a name too
         rdzv_backend=rdzv_backend, rdzv_endpoint=endpoint, rdzv_configs=rdzv_conf,
         max_restarts=plan.max_restarts, monitor_interval=plan.monitor_interval,
         start_method=plan.start_method, log_line_prefix_template=plan.log_line_prefix_template,
@@ -183,6 +185,12 @@ def _rendezvous(plan: LaunchPlan, port: int, launch_dir: LaunchDir) -> tuple[str
             conf.setdefault("store_type", "file")
             return "c10d", os.path.join(launch_dir.path, "c10d-store"), conf
     endpoint = plan.rdzv_endpoint or f"{plan.master_addr}:{port}"
+    if plan.timeout is not None:
+        # Waiting for other nodes happens inside the store's C++ calls, which nothing can
+        # interrupt: bound those waits by the launch's own limit.
+        limit = max(1, math.ceil(plan.timeout))
+        conf.setdefault("timeout", limit)
+        conf.setdefault("join_timeout", limit)
     if plan.rdzv_backend == "static":
         conf.setdefault("rank", plan.node_rank)
     return plan.rdzv_backend, endpoint, conf
@@ -248,8 +256,16 @@ def _check_picklable(function: Callable[..., Any], args: tuple[Any, ...]) -> Non
         raise TypeError(f"args cannot be pickled for start_method='spawn': {error}") from None
 
 
-class _Watchdog:
-    """Ends the launch at ``timeout``: stacks first, then the workers, then the engine's wait."""
+class _Monitor:
+    """Watches the workers from the caller: when each one died, and the launch's ``timeout``.
+
+    A worker killed by a signal (the OOM killer, a segfault) writes no record, and the engine
+    reports only one failed process: often a peer whose collective broke because of it. Knowing
+    when each worker was last seen alive puts the silent death ahead of the errors it caused.
+    On ``timeout``: stacks first, then the workers, then the engine's wait.
+    """
+
+    POLL_S = 0.01
 
     def __init__(self, launch_dir: LaunchDir, timeout: float | None) -> None:
         self.launch_dir = launch_dir
@@ -257,25 +273,47 @@ class _Watchdog:
         self.fired = False
         self.stacks: dict[int, str] = {}
         self.pids: dict[int, int] = {}
+        self.attempt: Path | None = None
+        self.last_alive_ns: dict[int, int] = {}  # rank -> when it was last seen alive
+        self.dead: set[int] = set()
         self._done = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = threading.Thread(target=self._watch, name="xlaunch-monitor", daemon=True)
         self._caller_is_main = threading.current_thread() is threading.main_thread()
 
-    def __enter__(self) -> _Watchdog:
-        if self.timeout is not None:
-            self._thread = threading.Thread(target=self._watch, name="xlaunch-timeout", daemon=True)
-            self._thread.start()
+    def __enter__(self) -> _Monitor:
+        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._thread.join()
 
     def _watch(self) -> None:
-        assert self.timeout is not None
-        if self._done.wait(self.timeout):
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while not self._done.wait(self.POLL_S):
+            self._look()
+            if deadline is not None and time.monotonic() >= deadline:
+                self._expire()
+                return
+
+    def _look(self) -> None:
+        attempt = self.launch_dir.latest_attempt()
+        if attempt != self.attempt:
+            self.attempt, self.pids, self.last_alive_ns, self.dead = attempt, {}, {}, set()
+        if attempt is None:
             return
+        if len(self.pids) < len(self.last_alive_ns) + 1:
+            self.pids = worker_pids(attempt)
+        now = time.time_ns()
+        for rank, pid in self.pids.items():
+            if rank in self.dead:
+                continue
+            if _alive(pid):
+                self.last_alive_ns[rank] = now
+            else:
+                self.dead.add(rank)
+
+    def _expire(self) -> None:
         self.fired = True
         self.launch_dir.cancel()
         attempt = self.launch_dir.latest_attempt()
@@ -291,32 +329,59 @@ class _Watchdog:
 
             _thread.interrupt_main()
 
+    def silent_deaths(self, before_ns: int | None) -> dict[int, ProcessFailure]:
+        """Workers that died without a record before ``before_ns`` (the first record, if any)."""
+        deaths = {}
+        for rank in self.dead:
+            seen = self.last_alive_ns.get(rank, 0)
+            if before_ns is None or seen < before_ns:
+                deaths[rank] = ProcessFailure(
+                    rank=rank, pid=self.pids.get(rank), timestamp_ns=seen,
+                    message="ended without raising a Python exception: killed by a signal (the "
+                            "out-of-memory killer does this), a crash, or os._exit()")
+        return deaths
 
-def _launch_error(failed: Any, launch_dir: LaunchDir, watchdog: _Watchdog) -> LaunchError:
-    attempt = launch_dir.latest_attempt()
-    if watchdog.fired:
-        return _timeout_error(watchdog, None)
-    records = read_failures(attempt)
-    failures = dict(records)
+
+def _alive(pid: int) -> bool:
+    """True until the process has exited (a zombie not yet reaped counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _launch_error(failed: Any, launch_dir: LaunchDir, monitor: _Monitor) -> LaunchError:
+    if monitor.fired:
+        return _timeout_error(monitor)
+    failures = read_failures(launch_dir.latest_attempt())
+    first_record = min((f.timestamp_ns for f in failures.values()), default=None)
+    for rank, death in monitor.silent_deaths(first_record).items():
+        failures.setdefault(rank, death)
     for rank, engine_failure in getattr(failed, "failures", {}).items():
-        if rank in failures:
-            continue
-        failures[rank] = ProcessFailure(
-            rank=rank, pid=engine_failure.pid, exitcode=engine_failure.exitcode,
-            timestamp_ns=int(engine_failure.timestamp * 1e9) if engine_failure.timestamp else 0,
-        )
-    count = len({rank for rank, f in failures.items() if f.exc_type}) or len(failures)
-    return LaunchError(f"the launch failed: {count} rank(s) failed", failures.values())
+        known = failures.get(rank)
+        if known is None:
+            failures[rank] = ProcessFailure(rank=rank, pid=engine_failure.pid,
+                                            exitcode=engine_failure.exitcode)
+        elif known.exitcode is None:
+            failures[rank] = dataclasses.replace(known, exitcode=engine_failure.exitcode)
+    return LaunchError(f"the launch failed: {len(failures)} rank(s) failed", failures.values())
 
 
-def _timeout_error(watchdog: _Watchdog, plan: LaunchPlan | None) -> LaunchTimeout:
+def _timeout_error(monitor: _Monitor) -> LaunchTimeout:
     failures = [
-        ProcessFailure(rank=rank, pid=pid, stack=watchdog.stacks.get(rank, "(no stack arrived)"))
-        for rank, pid in sorted(watchdog.pids.items())
+        ProcessFailure(rank=rank, pid=pid, stack=monitor.stacks.get(rank, "(no stack arrived)"))
+        for rank, pid in sorted(monitor.pids.items())
     ]
     where = "" if failures else " (no worker had started: still waiting for the rendezvous)"
     return LaunchTimeout(
-        f"the launch did not finish within timeout={watchdog.timeout} s and was stopped{where}",
+        f"the launch did not finish within timeout={monitor.timeout} s and was stopped{where}",
         failures,
     )
 
