@@ -134,7 +134,7 @@ class Worker:
         if prefix_output and world_size > 1:
             sys.stdout = PrefixedStream(sys.stdout, f"[rank {rank}] ")
             sys.stderr = PrefixedStream(sys.stderr, f"[rank {rank}] ")
-        _die_with_parent()
+        die_with_parent()
         if threading.current_thread() is threading.main_thread():
             # The stop button or Ctrl-C must end a worker at once, even inside a C++ collective;
             # handlers the launching process had installed mean nothing here.
@@ -247,7 +247,7 @@ class PrefixedStream(io.TextIOBase):
         return True
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: end this worker if the process that started it dies (even by SIGKILL)."""
     if not sys.platform.startswith("linux"):
         return

@@ -46,7 +46,7 @@ from ..worker import (
     WORLD_VAR,
     LaunchDir,
     Worker,
-    _die_with_parent,
+    die_with_parent,
     dump_stacks,
     read_failures,
     to_cpu,
@@ -160,7 +160,7 @@ def _lead(plan: LaunchPlan, job: _Job, stderr_fd: int) -> NoReturn:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, _stop_pool if plan.xla_nprocs is None else signal.SIG_DFL)
         os.register_at_fork(after_in_child=_default_sigterm)
-        _die_with_parent()
+        die_with_parent()
         for name in plan.unset_env:
             os.environ.pop(name, None)
         if not plan.legacy_tpu_node:
