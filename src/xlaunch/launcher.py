@@ -39,6 +39,35 @@ def notebook_launcher(
 
     The path comes from `detect()`: every TPU core through torch_xla, else every GPU, else CPU
     processes, through torch elastic. Failures arrive as `LaunchError`, root cause first.
+
+    Args:
+        function: called as ``function(*args)`` in every process; read the rank from
+            `ProcessState`. Defined in a notebook cell is fine: workers are forked.
+        args: the arguments, a tuple.
+        num_processes: processes on this machine. None: every TPU core, every GPU, or one
+            process on a CPU-only machine. A count the hardware cannot run is a `ValueError`.
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` (any case); workers read it from
+            ``ProcessState().mixed_precision`` and apply it with ``ProcessState().autocast()``.
+        use_port: the port workers see as ``MASTER_PORT`` (node 0's meeting point with several
+            machines). Left at its default and taken, a free port is used instead.
+        master_addr: node 0's address when ``num_nodes > 1``.
+        node_rank: this machine's index, ``0 <= node_rank < num_nodes``.
+        num_nodes: machines in the job; each runs the same call with its own ``node_rank``.
+        rdzv_backend: torch elastic's rendezvous, ``"static"`` or ``"c10d"`` (``"etcd"``,
+            ``"etcd-v2"`` where installed).
+        rdzv_endpoint: ``host:port`` of the rendezvous; default ``master_addr:use_port``.
+        rdzv_conf: extra rendezvous settings passed to torch elastic.
+        rdzv_id: the job's name at the rendezvous, the same on every machine.
+        max_restarts: how many times the workers are restarted after a failure.
+        monitor_interval: seconds between torch elastic's checks on the workers.
+        log_line_prefix_template: torch elastic's prefix for each worker's output lines (for
+            example ``"[${rank}] "``); by default lines are prefixed ``[rank N]``.
+        timeout: seconds the whole launch may take; then every worker is stopped and
+            `LaunchTimeout` shows where each rank stood.
+        start_method: ``"fork"`` (default on Linux), ``"spawn"`` or ``"forkserver"``.
+
+    Returns:
+        What ``function`` returned in this machine's local process 0, tensors moved to the CPU.
     """
     args = _check_call(function, args)
     plan = make_plan(
