@@ -220,6 +220,12 @@ def test_single_node_listens_on_loopback_only(rdzv_backend):
     assert all(ip in ("127.0.0.1", "::1") or ip.startswith("127.") for ip in addresses), addresses
 
 
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def master_port():
     return int(os.environ["MASTER_PORT"])
 
@@ -241,9 +247,7 @@ def test_named_port_taken_is_an_error_naming_it():
 
 
 def test_named_free_port_is_used():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     assert notebook_launcher(master_port, num_processes=2, use_port=str(port)) == port
 
 
@@ -389,9 +393,7 @@ def test_sigint_stops_every_worker_and_the_next_launch_works(tmp_path):
 
 
 def test_two_nodes_form_one_world(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     script = tmp_path / "node.py"
     script.write_text(textwrap.dedent(f"""
         import sys, torch, xlaunch
@@ -501,9 +503,7 @@ def test_partial_lines_are_prefixed_once():
 
 
 def test_two_nodes_meet_without_naming_a_run(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     script = tmp_path / "node.py"
     script.write_text(textwrap.dedent(f"""
         import sys, xlaunch
@@ -527,9 +527,7 @@ def test_two_nodes_meet_without_naming_a_run(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_timeout_ends_a_wait_for_nodes_that_never_come():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     with pytest.raises(LaunchTimeout, match="no worker had started"):
         notebook_launcher(os.getpid, num_processes=1, num_nodes=2, node_rank=0,
                           use_port=str(port), timeout=3)

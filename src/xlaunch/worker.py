@@ -12,6 +12,7 @@ import faulthandler
 import io
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -20,6 +21,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -183,6 +185,20 @@ class Worker:
             for stream in (sys.stdout, sys.stderr):
                 if isinstance(stream, PrefixedStream):
                     stream.flush()
+
+
+def check_picklable(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Refuse, before anything starts, what ``spawn`` or ``forkserver`` could not send."""
+    for what, value in (("function", function), ("args", args)):
+        try:
+            pickle.dumps(value)
+        except Exception as error:  # noqa: BLE001
+            name = getattr(function, "__qualname__", repr(function))
+            raise TypeError(
+                f"{name}: its {what} cannot be pickled, which start_method='spawn' needs "
+                f"({error}). Functions defined in a notebook cannot be pickled: leave "
+                "start_method at its default (fork), or move the function into a module."
+            ) from None
 
 
 def to_cpu(value: Any) -> Any:

@@ -36,6 +36,7 @@ from ..worker import (
     MIXED_PRECISION_VAR,
     LaunchDir,
     Worker,
+    check_picklable,
     dump_stacks,
     read_failures,
     to_cpu,
@@ -54,7 +55,7 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
     from torch.distributed.launcher.api import elastic_launch
 
     if plan.start_method != "fork":
-        _check_picklable(function, args)
+        check_picklable(function, args)
     port = _choose_port(plan)
     launch_dir = LaunchDir.create()
     prefix_output = plan.log_line_prefix_template is None
@@ -238,22 +239,6 @@ def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
-
-
-def _check_picklable(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    try:
-        pickle.dumps(function)
-    except Exception as error:  # noqa: BLE001
-        name = getattr(function, "__qualname__", repr(function))
-        raise TypeError(
-            f"{name} cannot be pickled, which start_method='spawn' needs ({error}). Functions "
-            f"defined in a notebook cannot be pickled: leave start_method at its default (fork), "
-            f"or move the function into a module."
-        ) from None
-    try:
-        pickle.dumps(args)
-    except Exception as error:  # noqa: BLE001
-        raise TypeError(f"args cannot be pickled for start_method='spawn': {error}") from None
 
 
 class _Monitor:

@@ -46,6 +46,7 @@ from ..worker import (
     WORLD_VAR,
     LaunchDir,
     Worker,
+    check_picklable,
     die_with_parent,
     dump_stacks,
     read_failures,
@@ -67,7 +68,7 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
     """Run ``function(*args)`` on every replica of ``plan``; return replica 0's result."""
     _refuse_initialised_runtime()
     if plan.start_method != "fork":
-        _check_picklable(function, args)
+        check_picklable(function, args)
     env = {WORLD_VAR: "xla", MIXED_PRECISION_VAR: plan.mixed_precision, **plan.worker_env}
     if plan.legacy_tpu_node:
         env.update(prepare_tpu_node(os.environ))
@@ -434,19 +435,6 @@ def _refuse_initialised_runtime() -> None:
         "kernel and launch before any cell touches the XLA device (do that work inside the "
         "launched function)."
     )
-
-
-def _check_picklable(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    for what, value in (("function", function), ("args", args)):
-        try:
-            pickle.dumps(value)
-        except Exception as error:  # noqa: BLE001
-            name = getattr(function, "__qualname__", repr(function))
-            raise TypeError(
-                f"{name}: its {what} cannot be pickled, which start_method='spawn' needs "
-                f"({error}). Functions defined in a notebook cannot be pickled: leave "
-                "start_method at its default (fork), or move the function into a module."
-            ) from None
 
 
 def prepare_tpu_node(environ: Mapping[str, str], xla_version: str | None = None) -> dict[str, str]:
