@@ -151,6 +151,15 @@ def print_table(report: Report) -> str:
     return table
 
 
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """The results, one row per line (samples rounded to the microsecond), so the file stays small."""
+    rows = [dict(row, ours_samples=[round(x, 6) for x in row["ours_samples"]],
+                 theirs_samples=[round(x, 6) for x in row["theirs_samples"]]) for row in data["rows"]]
+    head = json.dumps({key: value for key, value in data.items() if key != "rows"}, indent=2)
+    body = ",\n".join("    " + json.dumps(row) for row in rows)
+    path.write_text(f'{head[:-2]},\n  "rows": [\n{body}\n  ]\n}}\n')
+
+
 def machine_info(compared_with: str, torch_needed: bool = True) -> dict[str, Any]:
     cpu = platform.processor() or "unknown CPU"
     with contextlib.suppress(OSError):
@@ -749,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
         data = dict(machine=report.machine, options=options, notes=report.notes, table=table,
                     rows=[dict(asdict(row), ours_median=row.ours_median, theirs_median=row.theirs_median,
                                ratio=row.ratio, met=row.met.strip("*")) for row in report.rows])
-        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
+        write_json(Path(args.json), data)
         print(f"results written to {args.json}")
     return 0
 
