@@ -51,9 +51,10 @@ class ProcessFailure:
 
 
 def order_failures(failures: Iterable[ProcessFailure]) -> list[ProcessFailure]:
-    """Root cause first (the earliest failure; at a tie, one that raised), the rest secondary."""
+    """Root cause first (the earliest; at a tie, one that raised, then one whose exit is known)."""
     def when(f: ProcessFailure) -> tuple[int, int, int, int]:
-        return (0 if f.timestamp_ns else 1, f.timestamp_ns, 0 if f.exc_type else 1, f.rank)
+        known_end = 0 if f.exc_type else 1 if f.exitcode is not None else 2
+        return (0 if f.timestamp_ns else 1, f.timestamp_ns, known_end, f.rank)
 
     ordered = sorted(failures, key=when)
     return [replace(f, secondary=i > 0) for i, f in enumerate(ordered)]

@@ -154,18 +154,21 @@ class ProcessState:
 
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this call; every process must make it."""
-        world = _current_world()
-        if world.kind == "xla":
+        # The hot path of a training loop: ask only what the barrier needs.
+        if _in_xla_world():
             import torch_xla.core.xla_model as xm
 
             xm.rendezvous(_RENDEZVOUS_TAG)
-        elif world.kind == "distributed":
-            dist = _process_group()
-            if world.backend == "nccl":
-                dist.barrier(device_ids=[world.local_rank])
+            return
+        dist = _process_group()
+        if dist is not None:
+            if "nccl" in str(dist.get_backend()):
+                dist.barrier(device_ids=[int(os.environ.get("LOCAL_RANK", dist.get_rank()))])
             else:
                 dist.barrier()
-        elif world.kind == "environment":
+            return
+        world = _current_world()
+        if world.kind == "environment":
             # Returning would let a rank save a model its peers are still training.
             raise RuntimeError(
                 f"wait_for_everyone() in process {world.rank} of {world.size}: this process was "

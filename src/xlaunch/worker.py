@@ -44,8 +44,11 @@ class LaunchDir:
     def create(cls) -> LaunchDir:
         return cls(tempfile.mkdtemp(prefix="xlaunch-"))
 
+    def attempt_path(self, attempt: int) -> Path:
+        return Path(self.path) / f"attempt-{attempt}"
+
     def attempt_dir(self, attempt: int) -> Path:
-        folder = Path(self.path) / f"attempt-{attempt}"
+        folder = self.attempt_path(attempt)
         folder.mkdir(exist_ok=True)
         return folder
 

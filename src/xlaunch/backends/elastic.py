@@ -61,7 +61,7 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
     prefix_output = plan.log_line_prefix_template is None
     entry = _Entry(function, args, launch_dir.path, plan, port, prefix_output)
     config = _launch_config(plan, port, launch_dir)
-    monitor = _Monitor(launch_dir, plan.timeout)
+    monitor = _Monitor(launch_dir, plan.timeout, plan.num_processes)
     try:
         with _signal_handlers_restored(), _engine_quiet(), _no_shared_store(config), monitor:
             results = elastic_launch(config, _worker_main)(entry)
@@ -250,17 +250,19 @@ class _Monitor:
     On ``timeout``: stacks first, then the workers, then the engine's wait.
     """
 
-    POLL_S = 0.01
+    POLL_S = 0.05  # "last seen alive" comes before the death, and the death before a peer's error
 
-    def __init__(self, launch_dir: LaunchDir, timeout: float | None) -> None:
+    def __init__(self, launch_dir: LaunchDir, timeout: float | None, workers: int) -> None:
         self.launch_dir = launch_dir
         self.timeout = timeout
+        self.workers = workers
         self.fired = False
         self.stacks: dict[int, str] = {}
         self.pids: dict[int, int] = {}
         self.attempt: Path | None = None
         self.last_alive_ns: dict[int, int] = {}  # rank -> when it was last seen alive
         self.dead: set[int] = set()
+        self._number = 0
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="xlaunch-monitor", daemon=True)
         self._caller_is_main = threading.current_thread() is threading.main_thread()
@@ -282,13 +284,14 @@ class _Monitor:
                 return
 
     def _look(self) -> None:
-        attempt = self.launch_dir.latest_attempt()
-        if attempt != self.attempt:
-            self.attempt, self.pids, self.last_alive_ns, self.dead = attempt, {}, {}, set()
-        if attempt is None:
+        following = self.launch_dir.attempt_path(0 if self.attempt is None else self._number + 1)
+        if following.exists():  # the first attempt, or a restart
+            self.attempt, self.pids, self.last_alive_ns, self.dead = following, {}, {}, set()
+            self._number = int(following.name.split("-")[1])
+        if self.attempt is None:
             return
-        if len(self.pids) < len(self.last_alive_ns) + 1:
-            self.pids = worker_pids(attempt)
+        if len(self.pids) < self.workers:
+            self.pids = worker_pids(self.attempt)
         now = time.time_ns()
         for rank, pid in self.pids.items():
             if rank in self.dead:
@@ -314,17 +317,12 @@ class _Monitor:
 
             _thread.interrupt_main()
 
-    def silent_deaths(self, before_ns: int | None) -> dict[int, ProcessFailure]:
-        """Workers that died without a record before ``before_ns`` (the first record, if any)."""
-        deaths = {}
-        for rank in self.dead:
-            seen = self.last_alive_ns.get(rank, 0)
-            if before_ns is None or seen < before_ns:
-                deaths[rank] = ProcessFailure(
-                    rank=rank, pid=self.pids.get(rank), timestamp_ns=seen,
-                    message="ended without raising a Python exception: killed by a signal (the "
-                            "out-of-memory killer does this), a crash, or os._exit()")
-        return deaths
+    def silent_death(self, rank: int) -> ProcessFailure:
+        """A worker that left no record, stamped with when it was last seen alive."""
+        return ProcessFailure(
+            rank=rank, pid=self.pids.get(rank), timestamp_ns=self.last_alive_ns.get(rank, 0),
+            message="ended without raising a Python exception: killed by a signal (the "
+                    "out-of-memory killer does this), a crash, or os._exit()")
 
 
 def _alive(pid: int) -> bool:
@@ -346,17 +344,33 @@ def _launch_error(failed: Any, launch_dir: LaunchDir, monitor: _Monitor) -> Laun
     if monitor.fired:
         return _timeout_error(monitor)
     failures = read_failures(launch_dir.latest_attempt())
-    first_record = min((f.timestamp_ns for f in failures.values()), default=None)
-    for rank, death in monitor.silent_deaths(first_record).items():
-        failures.setdefault(rank, death)
-    for rank, engine_failure in getattr(failed, "failures", {}).items():
+    # The engine reports the processes it found ended on their own, before it stopped the rest.
+    ended = getattr(failed, "failures", {})
+    for rank, engine_failure in ended.items():
         known = failures.get(rank)
-        if known is None:
-            failures[rank] = ProcessFailure(rank=rank, pid=engine_failure.pid,
-                                            exitcode=engine_failure.exitcode)
-        elif known.exitcode is None:
+        if known is not None:
             failures[rank] = dataclasses.replace(known, exitcode=engine_failure.exitcode)
+        else:
+            failures[rank] = dataclasses.replace(
+                monitor.silent_death(rank), pid=engine_failure.pid, exitcode=engine_failure.exitcode)
+    if all(_lost_a_peer(f) for f in failures.values() if f.exc_type):
+        # Nobody raised on their own: a worker that died silently broke the others' collectives.
+        # Those seen dead after the engine's own finds are the workers it then stopped.
+        first = min((monitor.last_alive_ns.get(rank, 0) for rank in ended), default=None)
+        for rank in monitor.dead:
+            death = monitor.silent_death(rank)
+            if first is None or death.timestamp_ns <= first:
+                failures.setdefault(rank, death)
     return LaunchError(f"the launch failed: {len(failures)} rank(s) failed", failures.values())
+
+
+# How gloo and NCCL report that a peer went away: the consequence of a failure, never its cause.
+PEER_LOSS = ("closed by peer", "reset by peer", "broken pipe", "remote process exited",
+             "communicator was aborted", "connection refused")
+
+
+def _lost_a_peer(failure: ProcessFailure) -> bool:
+    return any(sign in failure.message.lower() for sign in PEER_LOSS)
 
 
 def _timeout_error(monitor: _Monitor) -> LaunchTimeout:
@@ -408,16 +422,17 @@ def _no_shared_store(config: Any) -> Iterator[None]:
 def _engine_quiet() -> Iterator[None]:
     """The engine logs each failure at ERROR; the LaunchError says it better, once.
 
-    Its modules set their own levels, so each of their loggers is quieted, not just the parent.
+    Its modules set their own levels, so each of their loggers is quieted, not just the parent;
+    ``disabled`` rather than a level, which would clear every logger's cache at each launch.
     """
     prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
-    loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
-               if name.startswith(prefixes)]
-    saved = [(logger, logger.level) for logger in loggers]
+    loggers = [logger for name, logger in list(logging.Logger.manager.loggerDict.items())
+               if name.startswith(prefixes) and isinstance(logger, logging.Logger)]
+    saved = [(logger, logger.disabled) for logger in loggers]
     for logger in loggers:
-        logger.setLevel(logging.CRITICAL)
+        logger.disabled = True
     try:
         yield
     finally:
-        for logger, level in saved:
-            logger.setLevel(level)
+        for logger, disabled in saved:
+            logger.disabled = disabled

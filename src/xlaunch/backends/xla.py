@@ -221,6 +221,7 @@ class _Leader:
         self.plan, self.job = plan, job
         self.attempt = LaunchDir(job.launch_dir).attempt_dir(0)
         self.pid = 0
+        self._exit_fd: int | None = None
         self.status: int | None = None  # the leader's exit code once reaped (-N: signal N)
         self.stopped = False
         self.tail = _Tail()
@@ -247,6 +248,8 @@ class _Leader:
             os.setpgid(pid, pid)
         self.pid = pid
         self.tail.start(read_end)
+        with contextlib.suppress(AttributeError, OSError):  # Linux 5.3+: readable once it exits
+            self._exit_fd = os.pidfd_open(pid)
 
     def exited(self) -> bool:
         """Whether the leader has exited; it stays unreaped, so its group id stays ours."""
@@ -269,7 +272,10 @@ class _Leader:
             if failed_at is not None and now - failed_at >= FAILURE_GRACE_S:
                 self.stop()  # peers stuck in a collective would wait for the failed one forever
                 return
-            time.sleep(POLL_S)
+            if self._exit_fd is None:
+                time.sleep(POLL_S)
+            else:  # wakes the moment the leader exits, not up to a poll later
+                select.select([self._exit_fd], [], [], POLL_S)
 
     def stop(self) -> None:
         if not self.pid or self.status is not None:
@@ -285,6 +291,9 @@ class _Leader:
 
     def close(self) -> None:
         """Kill whatever is left in the launch's group, reap the leader, drain its stderr."""
+        if self._exit_fd is not None:
+            os.close(self._exit_fd)
+            self._exit_fd = None
         if self.pid and self.status is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
