@@ -531,3 +531,18 @@ def test_timeout_ends_a_wait_for_nodes_that_never_come():
     with pytest.raises(LaunchTimeout, match="no worker had started"):
         notebook_launcher(os.getpid, num_processes=1, num_nodes=2, node_rank=0,
                           use_port=str(port), timeout=3)
+
+
+def test_a_killed_launchers_directory_is_swept_by_the_next_launch(tmp_path):
+    import tempfile
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(done.stdout)  # a process that has exited: its directory is a leftover
+    leftover = Path(tempfile.mkdtemp(prefix=f"xlaunch-{dead_pid}-"))
+    mine = Path(tempfile.mkdtemp(prefix=f"xlaunch-{os.getpid()}-"))  # a live launcher's
+    try:
+        notebook_launcher(os.getpid, num_processes=2)
+        assert not leftover.exists() and mine.exists()
+    finally:
+        mine.rmdir()

@@ -42,7 +42,16 @@ class LaunchDir:
 
     @classmethod
     def create(cls) -> LaunchDir:
-        return cls(tempfile.mkdtemp(prefix="xlaunch-"))
+        """A fresh directory named after this process; leftovers of dead launchers are swept.
+
+        A launcher killed outright (SIGKILL, a kernel restart) cannot remove its directory; the
+        next launch on the machine does, once the process that made it is gone.
+        """
+        for stale in Path(tempfile.gettempdir()).glob("xlaunch-*-*"):
+            owner = stale.name.split("-")[1]
+            if owner.isdigit() and not _process_exists(int(owner)):
+                shutil.rmtree(stale, ignore_errors=True)
+        return cls(tempfile.mkdtemp(prefix=f"xlaunch-{os.getpid()}-"))
 
     def attempt_path(self, attempt: int) -> Path:
         return Path(self.path) / f"attempt-{attempt}"
@@ -264,6 +273,16 @@ class PrefixedStream(io.TextIOBase):
 
     def writable(self) -> bool:
         return True
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not our directory to sweep
+        return True
+    return True
 
 
 def die_with_parent() -> None:
