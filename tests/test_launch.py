@@ -392,6 +392,18 @@ def test_sigint_stops_every_worker_and_the_next_launch_works(tmp_path):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
 
 
+def run_two_nodes(script):
+    """Two launcher processes on this machine, node ranks 0 and 1: (stdout, stderr) of each."""
+    env = {**os.environ, "XLAUNCH_ACCELERATOR": "cpu"}
+    nodes = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for rank in (0, 1)]
+    try:
+        return [node.communicate(timeout=120) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+
+
 def test_two_nodes_form_one_world(tmp_path):
     port = free_port()
     script = tmp_path / "node.py"
@@ -407,14 +419,7 @@ def test_two_nodes_form_one_world(tmp_path):
             world, num_processes=2, num_nodes=2, node_rank=node_rank, rdzv_backend="c10d",
             rdzv_endpoint="127.0.0.1:{port}", rdzv_id="two-nodes"))
     """))
-    env = {**os.environ, "XLAUNCH_ACCELERATOR": "cpu"}
-    nodes = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for rank in (0, 1)]
-    try:
-        outputs = [node.communicate(timeout=120) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
+    outputs = run_two_nodes(script)
     lines = [line for out, _ in outputs for line in out.splitlines()]
     results = sorted(line for line in lines if line.startswith("result"))
     assert len(results) == 2, outputs
@@ -513,14 +518,7 @@ def test_two_nodes_meet_without_naming_a_run(tmp_path):
         print("result", xlaunch.notebook_launcher(world, num_processes=1, num_nodes=2,
               node_rank=int(sys.argv[1]), use_port="{port}", timeout=60))
     """))
-    env = {**os.environ, "XLAUNCH_ACCELERATOR": "cpu"}
-    nodes = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for rank in (0, 1)]
-    try:
-        outputs = [node.communicate(timeout=120) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
+    outputs = run_two_nodes(script)
     assert [out.strip().splitlines()[-1] if out.strip() else err for out, err in outputs] == \
         ["result 2", "result 2"]
 

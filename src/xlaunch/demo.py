@@ -201,21 +201,13 @@ def _train_torch(config: DemoConfig) -> dict[str, Any]:
             dist.all_reduce(value)
         return float(value.item()) / world
 
-    losses = []
-    for epoch in range(config.epochs):
-        total, steps = torch.zeros((), device=device), 0
-        for x, y in _progress(batches(config, shard_x, shard_y, epoch, rank), config, epoch, state):
-            optimizer.zero_grad(set_to_none=True)
-            with state.autocast():
-                prediction = model(x)
-            loss = torch.nn.functional.mse_loss(prediction.float(), y)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            total += loss.detach()
-            steps += 1
-        losses.append(mean_over_ranks(total / steps))
-        state.print(f"epoch {epoch + 1}/{config.epochs}: mean loss over {world} rank(s) {losses[-1]:.5f}")
+    def step(loss: Any) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()  # DDP all-reduces (averages) the gradients here
+        scaler.step(optimizer)
+        scaler.update()
+
+    losses = _train_epochs(config, state, model, shard_x, shard_y, step, mean_over_ranks)
 
     flat = _flat_parameters(params)
     gathered = [torch.empty_like(flat) for _ in range(world)]
@@ -243,25 +235,41 @@ def _train_xla(config: DemoConfig) -> dict[str, Any]:
     model = make_model(config).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate, momentum=0.9)
 
-    losses = []
-    for epoch in range(config.epochs):
-        total, steps = torch.zeros((), device=device), 0
-        for x, y in _progress(batches(config, shard_x, shard_y, epoch, rank), config, epoch, state):
-            optimizer.zero_grad(set_to_none=True)
-            with state.autocast():
-                prediction = model(x)
-            loss = torch.nn.functional.mse_loss(prediction.float(), y)
-            loss.backward()
-            xm.optimizer_step(optimizer)  # all-reduces (averages) gradients across replicas
-            total += loss.detach()
-            steps += 1
-            sync()
-        mean = xm.all_reduce(xm.REDUCE_SUM, total / steps)
-        losses.append(float(mean.item()) / world)
-        state.print(f"epoch {epoch + 1}/{config.epochs}: mean loss over {world} rank(s) {losses[-1]:.5f}")
+    def mean_over_ranks(value: Any) -> float:
+        return float(xm.all_reduce(xm.REDUCE_SUM, value).item()) / world
+
+    def step(loss: Any) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        xm.optimizer_step(optimizer)  # all-reduces (averages) gradients across replicas
+        sync()
+
+    losses = _train_epochs(config, state, model, shard_x, shard_y, step, mean_over_ranks)
 
     gathered = xm.all_gather(_flat_parameters(model).unsqueeze(0), dim=0)
     return _report(gathered.cpu(), losses, rank, state)
+
+
+def _train_epochs(config: DemoConfig, state: Any, model: Any, shard_x: Any, shard_y: Any,
+                  step: Callable[[Any], None], mean_over_ranks: Callable[[Any], float]) -> list[float]:
+    """The loop both paths share; ``step`` turns one loss into an update on every rank."""
+    import torch
+
+    losses = []
+    for epoch in range(config.epochs):
+        total, steps = torch.zeros((), device=shard_x.device), 0
+        for x, y in _progress(batches(config, shard_x, shard_y, epoch, state.process_index),
+                              config, epoch, state):
+            with state.autocast():
+                prediction = model(x)
+            loss = torch.nn.functional.mse_loss(prediction.float(), y)
+            step(loss)
+            total += loss.detach()
+            steps += 1
+        losses.append(mean_over_ranks(total / steps))
+        state.print(f"epoch {epoch + 1}/{config.epochs}: mean loss over {state.num_processes} "
+                    f"rank(s) {losses[-1]:.5f}")
+    return losses
 
 
 def _flat_parameters(model: Any) -> Any:
