@@ -398,7 +398,11 @@ def run_two_nodes(script):
     nodes = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for rank in (0, 1)]
     try:
-        return [node.communicate(timeout=120) for node in nodes]
+        return [node.communicate(timeout=150) for node in nodes]
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            node.kill()
+        pytest.fail(f"the nodes did not finish: {[node.communicate() for node in nodes]}")
     finally:
         for node in nodes:
             node.kill()
@@ -417,7 +421,7 @@ def test_two_nodes_form_one_world(tmp_path):
         node_rank = int(sys.argv[1])
         print("result", xlaunch.notebook_launcher(
             world, num_processes=2, num_nodes=2, node_rank=node_rank, rdzv_backend="c10d",
-            rdzv_endpoint="127.0.0.1:{port}", rdzv_id="two-nodes"))
+            rdzv_endpoint="127.0.0.1:{port}", rdzv_id="two-nodes", timeout=120))
     """))
     outputs = run_two_nodes(script)
     lines = [line for out, _ in outputs for line in out.splitlines()]
