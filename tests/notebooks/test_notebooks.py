@@ -128,4 +128,5 @@ def test_notebook_runs_end_to_end(path: Path, kernel_env: dict[str, str], tmp_pa
     if path.name == "gpu_cpu_fallback.ipynb":
         failure = streams(tagged(nb, "failure"), "stdout")
         assert "root cause: rank 1" in failure and "ValueError: bad batch in process 1" in failure
-        assert failure.index("[root cause] rank 1") < failure.index("[secondary failure")
+        if "[secondary failure" in failure:  # a peer's broken barrier, when it lost the race
+            assert failure.index("[root cause] rank 1") < failure.index("[secondary failure")
