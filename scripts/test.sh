@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_venv.sh
+# The venvs are shared by every checkout on this machine: this checkout's code comes first.
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
 PY=$(make_venv dev requirements/dev.txt)
 install_here "$PY"

@@ -267,6 +267,7 @@ class _Monitor:
         self.last_alive_ns: dict[int, int] = {}  # rank -> when it was last seen alive
         self.dead: set[int] = set()
         self._number = 0
+        self._previous_ns = time.time_ns()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="xlaunch-monitor", daemon=True)
         self._caller_is_main = threading.current_thread() is threading.main_thread()
@@ -288,22 +289,25 @@ class _Monitor:
                 return
 
     def _look(self) -> None:
+        now = time.time_ns()
         following = self.launch_dir.attempt_path(0 if self.attempt is None else self._number + 1)
         if following.exists():  # the first attempt, or a restart
             self.attempt, self.pids, self.last_alive_ns, self.dead = following, {}, {}, set()
             self._number = int(following.name.split("-")[1])
-        if self.attempt is None:
-            return
-        if len(self.pids) < self.workers:
-            self.pids = worker_pids(self.attempt)
-        now = time.time_ns()
-        for rank, pid in self.pids.items():
-            if rank in self.dead:
-                continue
-            if _alive(pid):
-                self.last_alive_ns[rank] = now
-            else:
-                self.dead.add(rank)
+        if self.attempt is not None:
+            if len(self.pids) < self.workers:
+                self.pids = worker_pids(self.attempt)
+            for rank, pid in self.pids.items():
+                if rank in self.dead:
+                    continue
+                if _alive(pid):
+                    self.last_alive_ns[rank] = now
+                else:
+                    self.dead.add(rank)
+                    # Died before it was ever seen alive: its pid file was not there at the
+                    # previous look, so it died after that.
+                    self.last_alive_ns.setdefault(rank, self._previous_ns)
+        self._previous_ns = now
 
     def _expire(self) -> None:
         self.fired = True
@@ -322,9 +326,13 @@ class _Monitor:
             _thread.interrupt_main()
 
     def silent_death(self, rank: int) -> ProcessFailure:
-        """A worker that left no record, stamped with when it was last seen alive."""
+        """A worker that left no record, stamped with when it was last seen alive.
+
+        One never seen at all started and died after the last look: that look bounds it.
+        """
         return ProcessFailure(
-            rank=rank, pid=self.pids.get(rank), timestamp_ns=self.last_alive_ns.get(rank, 0),
+            rank=rank, pid=self.pids.get(rank),
+            timestamp_ns=self.last_alive_ns.get(rank, self._previous_ns),
             message="ended without raising a Python exception: killed by a signal (the "
                     "out-of-memory killer does this), a crash, or os._exit()")
 
