@@ -33,3 +33,14 @@ pip_quiet() {
 install_here() {
   pip_quiet "$1" --no-deps -e .
 }
+
+# checkout_venv NAME REQUIREMENTS...: make_venv, then this checkout installed into it.
+checkout_venv() {
+  local py
+  py=$(make_venv "$@")
+  install_here "$py"
+  echo "$py"
+}
+
+# The venvs are shared by every checkout on this machine: this checkout's code comes first.
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"

@@ -4,11 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_venv.sh
-# The venvs are shared by every checkout on this machine: this checkout's code comes first.
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
-PY=$(make_venv demo requirements/demo.txt)
-install_here "$PY"
+PY=$(checkout_venv demo requirements/demo.txt)
 BIN=$(dirname "$PY")
 "$BIN/xlaunch" env
 "$BIN/xlaunch" demo "$@"

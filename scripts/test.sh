@@ -4,11 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_venv.sh
-# The venvs are shared by every checkout on this machine: this checkout's code comes first.
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
-PY=$(make_venv dev requirements/dev.txt)
-install_here "$PY"
+PY=$(checkout_venv dev requirements/dev.txt)
 BIN=$(dirname "$PY")
 
 status=0
@@ -28,16 +25,14 @@ if [ -f mkdocs.yml ]; then
   run_tier "docs build (mkdocs --strict)" "$BIN/mkdocs" build --strict --quiet --site-dir "$(mktemp -d)"
 fi
 if [ -d tests/xla ] && [ "${XLAUNCH_SKIP_XLA:-0}" != 1 ]; then
-  XPY=$(make_venv xla requirements/xla.txt)
+  XPY=$(checkout_venv xla requirements/xla.txt)
   pip_quiet "$XPY" -r requirements/xla-test.txt
-  install_here "$XPY"
   run_tier "torch_xla tier (PJRT_DEVICE=CPU)" env PJRT_DEVICE=CPU CPU_NUM_DEVICES=1 \
     "$XPY" -m pytest tests/xla -q -p no:cacheprovider
 fi
 # Legacy TPU Nodes: the real cloud-tpu-client (old protobuf and Google API pins) in its own venv,
 # talking to a loopback stand-in for the TPU API.
-NPY=$(make_venv tpu-node requirements/tpu-node.txt)
-install_here "$NPY"
+NPY=$(checkout_venv tpu-node requirements/tpu-node.txt)
 run_tier "TPU Node tier (cloud-tpu-client against a loopback stub)" \
   "$NPY" -m pytest tests/test_tpu_layout.py -q -p no:cacheprovider -k tpu_node
 exit $status

@@ -509,6 +509,11 @@ def test_partial_lines_are_prefixed_once():
     for piece in ("50%", None, "\r", "100%", None, "\n", "a\nb", None, "c\n"):
         stream.flush() if piece is None else stream.write(piece)
     assert out.getvalue() == "[rank 0] 50%\r[rank 0] 100%\n[rank 0] a\n[rank 0] bc\n"
+    stream.write("\r")  # how tqdm starts each redraw
+    stream.write("bar 1")
+    stream.flush()
+    stream.write("\rbar 2\n")
+    assert out.getvalue().endswith("[rank 0] bc\n\r[rank 0] bar 1\r[rank 0] bar 2\n")
 
 
 def test_two_nodes_meet_without_naming_a_run(tmp_path):

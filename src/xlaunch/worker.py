@@ -245,19 +245,21 @@ class PrefixedStream(io.TextIOBase):
         self._pending += text
         *complete, self._pending = re.split(r"(?<=[\r\n])", self._pending)
         if complete:
-            self._stream.write("".join(self._start() + piece for piece in complete))
+            self._stream.write("".join(self._start(piece) + piece for piece in complete))
             self._stream.flush()
         return len(text)
 
     def flush(self) -> None:
         if self._pending:
-            self._stream.write(self._start() + self._pending)
+            self._stream.write(self._start(self._pending) + self._pending)
             self._pending = ""
             self._line_started = True
         self._stream.flush()
 
-    def _start(self) -> str:
-        prefix = "" if self._line_started else self._prefix
+    def _start(self, piece: str) -> str:
+        """The prefix this piece needs: none mid-line, none for a bare line end (a progress
+        bar's leading carriage return, an empty print)."""
+        prefix = "" if self._line_started or piece in ("\r", "\n") else self._prefix
         self._line_started = False
         return prefix
 
