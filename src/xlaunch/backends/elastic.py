@@ -97,7 +97,7 @@ class _Entry:
         self.launch_dir = launch_dir
         self.dist_backend = plan.dist_backend or "gloo"
         self.start_method = plan.start_method
-        self.local_only = plan.local_only and not plan.rdzv_endpoint
+        self.local_only = _without_network(plan)
         self.env = {MIXED_PRECISION_VAR: plan.mixed_precision, **plan.worker_env}
         if self.local_only:
             self.env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -182,7 +182,7 @@ def _launch_config(plan: LaunchPlan, port: int, launch_dir: LaunchDir) -> Any:
 def _rendezvous(plan: LaunchPlan, port: int, launch_dir: LaunchDir) -> tuple[str, str, dict[str, Any]]:
     """Which engine rendezvous to use; one node needs no listening socket at all."""
     conf = dict(plan.rdzv_conf)
-    if plan.num_nodes == 1 and not plan.rdzv_endpoint:
+    if _without_network(plan):
         if plan.rdzv_backend == "static":
             _register_local_rendezvous()
             return LOCAL_RDZV, os.path.join(launch_dir.path, "rdzv-store"), {"port": port, **conf}
@@ -199,6 +199,11 @@ def _rendezvous(plan: LaunchPlan, port: int, launch_dir: LaunchDir) -> tuple[str
     if plan.rdzv_backend == "static":
         conf.setdefault("rank", plan.node_rank)
     return plan.rdzv_backend, endpoint, conf
+
+
+def _without_network(plan: LaunchPlan) -> bool:
+    """One node and no rendezvous endpoint named: everything meets through files, nothing listens."""
+    return plan.local_only and not plan.rdzv_endpoint
 
 
 def _register_local_rendezvous() -> None:
