@@ -95,10 +95,9 @@ def test_table_shows_environment_plan_and_versions(xlaunch: list[str]) -> None:
         )
     plan = expected["plan"]
     launch = shown["default launch"]
-    assert launch["path"].split()[0] == plan["backend"] == "inline"
+    assert launch["path"].split()[0] == plan["path"] == "inline"
     assert launch["processes"] == str(plan["num_processes"]) == "1"
-    assert launch["threads per process"] == "1" and launch["world size"] == "1"
-    assert launch["start method"] == plan["start_method"]
+    assert launch["world size"] == "1" and plan["spec"] == {}
     assert launch["note"] == "\n".join(plan["notes"]) and "no TPU or GPU" in launch["note"]
     assert shown["versions"]["python"] == platform.python_version()
     assert shown["versions"]["torch"] == metadata.version("torch")
@@ -111,8 +110,9 @@ def test_xla_on_cpu(xlaunch: list[str]) -> None:
     assert report["environment"]["xla_device"] == "CPU"
     assert report["environment"]["accelerator"] == "cpu"
     plan = report["plan"]
-    assert (plan["backend"], plan["num_processes"], plan["threads_per_process"],
+    assert (plan["path"], plan["num_processes"], plan["spec"]["threads_per_process"],
             plan["world_size"], plan["dist_backend"]) == ("xla", 1, 1, 1, "xla")
+    assert plan["spec"]["pjrt_device"] == "CPU"
     assert report["refusal"] is None
 
     result = run(xlaunch, "env", env=env)

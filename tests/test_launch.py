@@ -78,16 +78,21 @@ def test_workers_get_the_engine_environment_and_the_options():
     assert seen["XLAUNCH_MIXED_PRECISION"] == "bf16"
 
 
-def test_engine_receives_every_option(tmp_path):
-    from xlaunch.backends.elastic import _launch_config
+def engine_config(tmp_path, **options):
+    from xlaunch.backends.elastic.engine import EngineRun
     from xlaunch.environment import detect
+    from xlaunch.launch_dir import LaunchDir
+    from xlaunch.options import LaunchOptions
     from xlaunch.plan import make_plan
-    from xlaunch.worker import LaunchDir
 
-    plan = make_plan(detect(), num_processes=2, rdzv_backend="c10d", rdzv_conf={"timeout": 77},
-                     rdzv_id="abc", max_restarts=2, monitor_interval=0.25,
-                     log_line_prefix_template="${rank}: ")
-    config = _launch_config(plan, 12345, LaunchDir(str(tmp_path)))
+    plan = make_plan(detect(), LaunchOptions(**options))
+    return EngineRun(plan, print, (), LaunchDir(str(tmp_path)))._config()
+
+
+def test_engine_receives_every_option(tmp_path):
+    config = engine_config(tmp_path, num_processes=2, rdzv_backend="c10d",
+                           rdzv_conf={"timeout": 77}, rdzv_id="abc", max_restarts=2,
+                           monitor_interval=0.25, log_line_prefix_template="${rank}: ")
     assert (config.rdzv_backend, config.rdzv_configs["timeout"], config.run_id) == ("c10d", 77, "abc")
     assert config.rdzv_configs["store_type"] == "file"  # one node: no listening store
     assert (config.max_restarts, config.monitor_interval) == (2, 0.25)
@@ -95,10 +100,16 @@ def test_engine_receives_every_option(tmp_path):
     assert config.nproc_per_node == 2 and config.start_method == "fork"
 
 
+def test_monitor_interval_is_used_as_given_and_only_the_default_is_quickened(tmp_path):
+    assert engine_config(tmp_path, num_processes=2, monitor_interval=0.1).monitor_interval == 0.1
+    assert engine_config(tmp_path, num_processes=2).monitor_interval == 0.01
+
+
 def fail_until_third_attempt(counter):
     import torch.distributed as dist
 
-    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    attempt = xlaunch.ProcessState().restart_count
+    assert attempt == int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     if dist.get_rank() == 0:
         Path(counter).write_text(str(attempt))
     if attempt < 2:
@@ -111,6 +122,16 @@ def test_max_restarts_reruns_the_workers(tmp_path):
     assert notebook_launcher(fail_until_third_attempt, args=(str(counter),), num_processes=2,
                              max_restarts=3) == 2
     assert counter.read_text() == "2"
+
+
+def test_every_attempts_root_cause_is_kept_when_the_last_fails_too(tmp_path):
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(fail_until_third_attempt, args=(str(tmp_path / "n"),), num_processes=2,
+                          max_restarts=1)
+    assert "failing on attempt 1" in caught.value.root_cause.message
+    assert [attempt[0].message for attempt in caught.value.earlier_attempts] == [
+        "failing on attempt 0"]
+    assert "attempt 1 (restarted) failed first with rank" in str(caught.value)
 
 
 def test_without_restarts_the_first_failure_ends_the_launch(tmp_path):
@@ -297,10 +318,10 @@ def test_spawn_start_method_runs_a_module_function():
 def test_cuda_initialised_in_the_caller_is_refused(monkeypatch):
     # No GPU exists here: stand in for CUDA's own flag, the one thing that cannot be real.
     from xlaunch.launcher import run_plan
-    from xlaunch.plan import LaunchPlan
+    from xlaunch.plan import ElasticSpec, LaunchPlan
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    plan = LaunchPlan(backend="elastic", accelerator="cuda", num_processes=2, dist_backend="nccl")
+    plan = LaunchPlan("cuda", 2, 2, ElasticSpec(dist_backend="nccl", start_method="fork", port=1))
     with pytest.raises(RuntimeError, match="restart the kernel|Restart the kernel"):
         run_plan(plan, os.getpid, ())
 

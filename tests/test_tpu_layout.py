@@ -18,8 +18,10 @@ import pytest
 
 from tests.fakes import COLAB, KAGGLE, fake_machine
 from xlaunch.backends import xla as xla_backend
+from xlaunch.backends.xla import tpu_node
 from xlaunch.environment import detect
-from xlaunch.plan import make_plan
+from xlaunch.options import LaunchOptions
+from xlaunch.plan import XlaSpec, make_plan
 from xlaunch.tpu_layout import KAGGLE_PRESETS, ONE_CHIP, TpuLayout, tpu_layout
 
 V3_8 = dict(tpu_chips=4, tpu_device="0x0027", dev="accel")  # Kaggle's TPU: 4 chips x 2 cores
@@ -46,12 +48,14 @@ def test_layouts(tmp_path: Path, environ: dict[str, str], machine: dict[str, Any
                  num_processes: int | None, expected: TpuLayout) -> None:
     env = detect(environ, root=fake_machine(tmp_path, **machine))
     assert tpu_layout(env, num_processes) == expected
-    plan = make_plan(env, num_processes=num_processes)
-    assert (plan.backend, plan.dist_backend, plan.start_method) == ("xla", "xla", "fork")
-    assert (plan.num_processes, plan.threads_per_process) == (expected.processes,
+    plan = make_plan(env, LaunchOptions(num_processes=num_processes))
+    spec = plan.spec
+    assert isinstance(spec, XlaSpec)
+    assert (plan.path, plan.dist_backend, spec.start_method) == ("xla", "xla", "fork")
+    assert (plan.num_processes, spec.threads_per_process) == (expected.processes,
                                                               expected.threads_per_process)
     assert plan.world_size == expected.replicas
-    assert (dict(plan.worker_env), plan.unset_env, plan.xla_nprocs) == (
+    assert (dict(spec.worker_env), spec.unset_env, spec.nprocs) == (
         dict(expected.env), expected.unset_env, expected.nprocs)
 
 
@@ -65,7 +69,7 @@ def test_one_chip_with_both_cores_on_v3(tmp_path: Path) -> None:
         "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1"}
     assert layout.unset_env == () and layout.nprocs is None
     assert "chip 0" in layout.notes[0]
-    assert make_plan(env, num_processes=2).world_size == 2
+    assert make_plan(env, LaunchOptions(num_processes=2)).world_size == 2
 
 
 @pytest.mark.parametrize("machine, num_processes, valid, invalid", [
@@ -81,7 +85,7 @@ def test_refusals_name_the_values_that_work(tmp_path: Path, machine: dict[str, A
                                             invalid: list[str]) -> None:
     env = detect({}, root=fake_machine(tmp_path, **machine))
     with pytest.raises(ValueError) as refused:
-        make_plan(env, num_processes=num_processes)
+        make_plan(env, LaunchOptions(num_processes=num_processes))
     message = str(refused.value)
     assert f"num_processes={num_processes}" in message
     assert f"{env.tpu_chips} chip(s) x {env.cores_per_chip} core(s)" in message
@@ -126,8 +130,8 @@ def test_tpu_node_plan(tmp_path: Path) -> None:
     env = detect(TPU_NODE, root=fake_machine(tmp_path))
     assert env.legacy_tpu_node
     plan = make_plan(env)
-    assert plan.legacy_tpu_node and (plan.num_processes, plan.world_size) == (8, 8)
-    assert make_plan(env, num_processes=1).xla_nprocs == 1
+    assert plan.spec.legacy_tpu_node and (plan.num_processes, plan.world_size) == (8, 8)
+    assert make_plan(env, LaunchOptions(num_processes=1)).spec.nprocs == 1
 
 
 def test_tpu_node_launch_refused_before_anything_starts(tmp_path: Path) -> None:
@@ -144,14 +148,14 @@ def test_tpu_node_launch_refused_before_anything_starts(tmp_path: Path) -> None:
 @pytest.mark.parametrize("version", ["2.9.0", "2.1.0+libtpu", None])
 def test_tpu_node_needs_torch_xla_2_0_or_older(version: str | None) -> None:
     with pytest.raises(RuntimeError, match="torch_xla 2.0 or older"):
-        xla_backend.prepare_tpu_node(TPU_NODE, xla_version=version or "")
+        tpu_node.prepare_tpu_node(TPU_NODE, xla_version=version or "")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cloud_tpu_client") is not None,
                     reason="cloud-tpu-client is installed here")
 def test_tpu_node_needs_cloud_tpu_client() -> None:
     with pytest.raises(RuntimeError, match="cloud-tpu-client"):
-        xla_backend.prepare_tpu_node(TPU_NODE, xla_version="1.13.0")
+        tpu_node.prepare_tpu_node(TPU_NODE, xla_version="1.13.0")
 
 
 class _VersionSwitcher(http.server.BaseHTTPRequestHandler):
@@ -184,7 +188,7 @@ def test_tpu_node_runtime_version_configured_with_cloud_tpu_client() -> None:
     thread.start()
     try:
         address = f"127.0.0.1:{grpc.getsockname()[1]}"
-        env = xla_backend.prepare_tpu_node({"COLAB_TPU_ADDR": address}, xla_version="1.13.0")
+        env = tpu_node.prepare_tpu_node({"COLAB_TPU_ADDR": address}, xla_version="1.13.0")
     finally:
         server.shutdown()
         server.server_close()

@@ -25,8 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
+from . import __version__
 from .environment import detect
-from .plan import make_plan
+from .plan import PATHS, make_plan
 
 # Variables that change what detection or a TPU launch does; shown so a bug report carries them.
 VARIABLES = (
@@ -35,17 +36,13 @@ VARIABLES = (
     "CLOUD_TPU_TASK_ID", "TPU_PROCESS_BOUNDS", "TPU_VISIBLE_CHIPS", "COLAB_TPU_ADDR", "TPU_NAME",
     "KAGGLE_KERNEL_RUN_TYPE",
 )
-PATHS = {
-    "xla": "torch_xla xmp.spawn",
-    "elastic": "torch.distributed.elastic",
-    "inline": "in the calling process, no worker processes",
-}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="xlaunch", description="Run training on every TPU core, GPU or CPU process."
     )
+    parser.add_argument("--version", action="version", version=f"xlaunch {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(commands)
@@ -115,7 +112,7 @@ def env_report(
         env = detect(environ, root)
         environment = env.as_dict()
         plan = make_plan(env).as_dict()
-    except ValueError as error:  # a bad XLAUNCH_ACCELERATOR, or a launch make_plan refuses
+    except (ValueError, RuntimeError) as error:  # a bad XLAUNCH_ACCELERATOR, a refused launch
         refusal = str(error)
     return {
         "environment": environment,
@@ -140,24 +137,39 @@ def format_report(report: dict[str, Any]) -> str:
     elif plan is None:
         lines += _rows({"refused": report["refusal"]})
     else:
-        lines += _rows({
-            "path": f"{plan['backend']} ({PATHS.get(plan['backend'], '?')})",
-            "accelerator": plan["accelerator"],
-            "processes": plan["num_processes"],
-            "threads per process": plan["threads_per_process"],
-            "world size": plan["world_size"],
-            "start method": plan["start_method"],
-            "distributed backend": plan["dist_backend"],
-        })
-        changes = [f"{k}={v}" for k, v in plan["worker_env"].items()]
-        changes += [f"-{name}" for name in plan["unset_env"]]
-        lines += _rows({"worker environment": " ".join(changes)} if changes else {})
+        lines += _rows(_plan_rows(plan))
         lines += [_row("note", note) for note in plan["notes"]]
     lines.append("versions")
     lines += _rows(report["versions"])
     lines.append("variables")
     lines += _rows(report["variables"] or {"(none set)": ""})
     return "\n".join(lines)
+
+
+def _plan_rows(plan: dict[str, Any]) -> dict[str, Any]:
+    """The decisions a launch would carry out, in words: one row each."""
+    spec = plan["spec"]
+    rows: dict[str, Any] = {
+        "path": f"{plan['path']} ({PATHS.get(plan['path'], '?')})",
+        "accelerator": plan["accelerator"],
+        "processes": plan["num_processes"],
+        "world size": plan["world_size"],
+        "distributed backend": plan["dist_backend"],
+    }
+    if plan["path"] == "xla":
+        changes = [f"{k}={v}" for k, v in spec["worker_env"].items()]
+        changes += [f"-{name}" for name in spec["unset_env"]]
+        rows.update({"threads per process": spec["threads_per_process"],
+                     "start method": spec["start_method"],
+                     "PJRT device": spec["pjrt_device"] or "(TPU Node: XRT)",
+                     "worker environment": " ".join(changes) or None})
+    elif plan["path"] == "elastic":
+        rows.update({"start method": spec["start_method"], "port": spec["port"],
+                     "interface": "lo (loopback only)" if spec["loopback_only"] else "any",
+                     "rendezvous": spec["rdzv_backend"],
+                     "threads per process": spec["cpu_threads"] or "torch's default",
+                     "engine check interval": f"{spec['monitor_interval']} s"})
+    return {key: value for key, value in rows.items() if value is not None}
 
 
 def _rows(items: dict[str, Any]) -> list[str]:

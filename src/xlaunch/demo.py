@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .run import add_common_arguments, launch_and_report, usage_error
+from .run import add_common_arguments, launch_and_report, options_from, usage_error
 
 if TYPE_CHECKING:
     from .environment import Environment
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Show the machine and the plan, train across its processes, report PASS or fail."""
     from .environment import detect
-    from .launcher import launch
+    from .launcher import run_plan
     from .plan import make_plan
 
     if args.epochs < 1 or (args.steps is not None and args.steps < 1):
@@ -69,16 +69,14 @@ def main(args: argparse.Namespace) -> int:
     config = DemoConfig(epochs=args.epochs, steps_per_epoch=args.steps)
     try:
         env = detect()
-        num_processes = default_num_processes(env) if args.num_processes is None else args.num_processes
-        options: dict[str, Any] = dict(num_processes=num_processes, mixed_precision=args.mixed_precision,
-                                       timeout=args.timeout, start_method=args.start_method)
-        plan = make_plan(env, **options)
+        count = default_num_processes(env) if args.num_processes is None else args.num_processes
+        plan = make_plan(env, options_from(args, num_processes=count))
     except (ValueError, TypeError) as error:
         return usage_error(str(error))
     print(summary(env, plan, config))
     sys.stdout.flush()  # before the workers' lines, which go straight to the same stream
     started = time.perf_counter()
-    status = launch_and_report(lambda: launch(train, args=(config,), **options))
+    status = launch_and_report(lambda: run_plan(plan, train, (config,)))
     if status == 0:
         print(f"demo finished in {time.perf_counter() - started:.1f} s")
     return status
@@ -93,14 +91,15 @@ def summary(env: Environment, plan: LaunchPlan, config: DemoConfig) -> str:
     """A few lines of what `xlaunch env` shows at length: what runs where."""
     from importlib import metadata
 
-    from .cli import PATHS
+    from .plan import describe_path
 
     machine = f"{env.platform}, {env.accelerator}"
     if env.tpu_generation:
         machine += f" {env.tpu_generation} ({env.tpu_chips} chips x {env.cores_per_chip} cores)"
     else:
         machine += f" ({env.device_count} device{'s' if env.device_count != 1 else ''})"
-    threads = f" x {plan.threads_per_process} threads" if plan.threads_per_process > 1 else ""
+    per_process = getattr(plan.spec, "threads_per_process", 1)
+    threads = f" x {per_process} threads" if per_process > 1 else ""
     versions = []
     for name in ("torch", "torch_xla"):
         try:
@@ -111,9 +110,9 @@ def summary(env: Environment, plan: LaunchPlan, config: DemoConfig) -> str:
     steps = config.steps_per_epoch or max(1, shard // config.batch_size)
     rows = {
         "machine": machine,
-        "launch": f"{plan.backend} ({PATHS.get(plan.backend, '?')}), {plan.num_processes} "
-                  f"process(es){threads}, world size {plan.world_size}, "
-                  f"{plan.dist_backend or 'no process group'}, start method {plan.start_method}",
+        "launch": f"{describe_path(plan)}, {plan.num_processes} process(es){threads}, world "
+                  f"size {plan.world_size}, {plan.dist_backend or 'no process group'}, start "
+                  f"method {getattr(plan.spec, 'start_method', '-')}",
         "training": f"MLP {config.features}-{config.hidden}-{config.outputs} on {config.samples} "
                     f"synthetic samples, {config.epochs} epoch(s) x {steps} steps, batch "
                     f"{config.batch_size} per rank, mixed precision {plan.mixed_precision}",

@@ -1,33 +1,59 @@
 """Failures as data, formatted in one place.
 
 A launch that fails usually fails in one rank first; its peers then fail too ("connection closed
-by peer", a killed barrier). Users need the first one. So every backend reports what it saw as
-`ProcessFailure` records with a precise timestamp, and `LaunchError` orders them: the earliest
-failure that carries an exception is the root cause, everything else is marked secondary.
+by peer", a barrier stopped by the launcher). Users need the first one. `outcome.judge` decides
+which failure is which from facts each process left (its own record, the signal it died of, the
+signals the launcher sent it); this module holds the record and turns a judged list into the
+message users read in a notebook cell or a terminal.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import signal
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+import time
+import traceback
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Why a rank appears in a failure: the judgement `outcome.judge` makes from the facts.
+RAISED = "raised"  # raised an exception of its own
+DIED = "died"  # ended by a signal nobody in the launch sent, or exited non-zero without a word
+LOST_PEER = "lost-peer"  # its error says a peer went away: a consequence, never the cause
+STOPPED = "stopped"  # the launcher or its engine ended it after another rank failed
+TIMED_OUT = "timed-out"  # stopped at the launch's timeout; its stack says where it stood
+LEADER = "leader"  # the launch failed before any worker ran (the XLA launch leader)
+OWN_CAUSES = (RAISED, DIED, LEADER)  # failures in their own right; the first is the root cause
+LABELS = {
+    RAISED: "failed", DIED: "failed", LEADER: "failed",
+    LOST_PEER: "secondary: lost a peer", STOPPED: "secondary: stopped by the launcher",
+    TIMED_OUT: "stopped at the timeout",
+}
 
 
 @dataclass(frozen=True)
 class ProcessFailure:
-    """What one rank left behind when it failed (or, for a timeout, where it stood)."""
+    """What one rank left behind when it failed (or, at a timeout, where it stood)."""
 
     rank: int
     pid: int | None = None
-    exitcode: int | None = None
+    exitcode: int | None = None  # None: still running or unknown; negative: killed by that signal
     exc_type: str | None = None
     message: str = ""
     traceback: str = ""
-    timestamp_ns: int = 0  # time.time_ns() when the failure was recorded; 0 when unknown
+    timestamp_ns: int = 0  # time.time_ns() in the rank itself when it recorded the exception
     stack: str = ""  # the Python stack at a timeout
     stderr_tail: str = ""  # last lines written to stderr, for processes that died without a word
     error_file: str | None = None
-    secondary: bool = False
+    cause: str = RAISED
+
+    @property
+    def secondary(self) -> bool:
+        """A consequence of another rank's failure, not a failure in its own right."""
+        return self.cause not in OWN_CAUSES
 
     @property
     def exit_cause(self) -> str:
@@ -43,61 +69,143 @@ class ProcessFailure:
 
     def headline(self) -> str:
         where = f"rank {self.rank}" + (f" (pid {self.pid})" if self.pid else "")
+        return f"{where}: {self.what()}" if self.what() else where
+
+    def what(self) -> str:
         if self.exc_type:
-            return f"{where}: {self.exc_type}: {self.message}".rstrip()
+            return f"{self.exc_type}: {self.message}".rstrip().rstrip(":")
         if self.exitcode is None:
-            return where
-        return f"{where}: {self.exit_cause}"
+            return ""
+        return self.exit_cause
+
+    # --- the record file a rank writes about itself ------------------------------------------
+
+    @classmethod
+    def from_exception(cls, error: BaseException, *, rank: int, exitcode: int = 1,
+                       skip_frames: int = 0) -> ProcessFailure:
+        """This process's record of ``error``, stamped now; ``skip_frames`` drops launcher frames."""
+        tb = error.__traceback__
+        for _ in range(skip_frames):
+            tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb
+        return cls(rank=rank, pid=os.getpid(), exitcode=exitcode, exc_type=type(error).__qualname__,
+                   message=str(error), timestamp_ns=time.time_ns(),
+                   traceback="".join(traceback.format_exception(type(error), error, tb)))
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str, error_file: str | None = None) -> ProcessFailure:
+        """Read a record; fields a newer or older writer added or dropped are ignored."""
+        data: dict[str, Any] = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        record = cls(**{key: value for key, value in data.items() if key in known})
+        return dataclasses.replace(record, error_file=error_file) if error_file else record
 
 
-def order_failures(failures: Iterable[ProcessFailure]) -> list[ProcessFailure]:
-    """Root cause first (the earliest; at a tie, one that raised, then one whose exit is known)."""
-    def when(f: ProcessFailure) -> tuple[int, int, int, int]:
-        known_end = 0 if f.exc_type else 1 if f.exitcode is not None else 2
-        return (0 if f.timestamp_ns else 1, f.timestamp_ns, known_end, f.rank)
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 5]`` -> ``"ranks 0-3, 5"``; one rank -> ``"rank 5"``."""
+    ordered = sorted(set(ranks))
+    spans: list[str] = []
+    start = previous = ordered[0]
+    for rank in [*ordered[1:], None]:
+        if rank is not None and rank == previous + 1:
+            previous = rank
+            continue
+        spans.append(str(start) if start == previous else f"{start}-{previous}")
+        if rank is not None:
+            start = previous = rank
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(spans)
 
-    ordered = sorted(failures, key=when)
-    return [replace(f, secondary=i > 0) for i, f in enumerate(ordered)]
+
+def group_failures(failures: Sequence[ProcessFailure]) -> list[list[ProcessFailure]]:
+    """Ranks that failed the same way form one group, placed where its first member stands.
+
+    Eight TPU cores hitting one bug are one entry with one traceback, not eight.
+    """
+    groups: dict[tuple[Any, ...], list[ProcessFailure]] = {}
+    for failure in failures:
+        same = (failure.cause, failure.exc_type, failure.message,
+                failure.exitcode if not failure.exc_type else None, bool(failure.stack))
+        key = same if not failure.stack else (*same, failure.rank)  # stacks differ per rank
+        groups.setdefault(key, []).append(failure)
+    return list(groups.values())
 
 
-def format_failures(failures: list[ProcessFailure], summary: str) -> str:
+def format_failures(failures: Sequence[ProcessFailure], summary: str) -> str:
     """The one formatter: the message users read in a notebook cell or a terminal."""
     lines = [summary]
-    for failure in failures:
-        if failure.stack and not failure.exc_type:
-            label = "stopped at the timeout"
-        elif failure.secondary:
-            label = "secondary failure (after the root cause)"
-        else:
-            label = "root cause"
-        lines.append("")
-        lines.append(f"[{label}] {failure.headline()}")
-        if failure.traceback and not failure.secondary:
-            lines.append(failure.traceback.rstrip())
-        elif failure.message and not failure.exc_type:
-            lines.append(f"  {failure.message}")
-        if failure.stack:
-            lines.append(f"Python stack of rank {failure.rank} when it was stopped "
-                         "(most recent call first):")
-            lines.append(failure.stack.rstrip())
-        if failure.stderr_tail:
-            lines.append(f"last lines rank {failure.rank} wrote to stderr:")
-            lines.append(failure.stderr_tail.rstrip())
+    own = any(not failure.secondary for failure in failures)
+    root_shown = False
+    for group in group_failures(failures):
+        first = group[0]
+        label = LABELS.get(first.cause, first.cause)
+        # With no failure in its own right, the first peer to lose a peer is all there is.
+        if not root_shown and (not first.secondary or (not own and first.cause == LOST_PEER)):
+            label, root_shown = "root cause", True
+        pids = [f.pid for f in group if f.pid]
+        where = rank_ranges(f.rank for f in group)
+        if len(pids) == 1:
+            where += f" (pid {pids[0]})"
+        lines += ["", f"[{label}] {where}" + (f": {first.what()}" if first.what() else "")]
+        if label == "root cause" and first.secondary:
+            lines.append("  (it lost a peer; the peer that failed left no record here: "
+                         "look at the other machine's output)")
+        lines += _details(first)
     return "\n".join(lines)
 
 
-class LaunchError(RuntimeError):
-    """A worker failed. ``failures`` lists what each failed rank left, root cause first."""
+def _details(failure: ProcessFailure) -> list[str]:
+    lines = []
+    if failure.traceback and not failure.secondary:
+        lines.append(failure.traceback.rstrip())
+    elif failure.message and not failure.exc_type:
+        lines.append(f"  {failure.message}")
+    if failure.stack:
+        lines.append(f"Python stack of rank {failure.rank} when it was stopped "
+                     "(most recent call first):")
+        lines.append(failure.stack.rstrip())
+    if failure.stderr_tail:
+        lines.append(f"last lines rank {failure.rank} wrote to stderr:")
+        lines.append(failure.stderr_tail.rstrip())
+    return lines
 
-    def __init__(self, summary: str, failures: Iterable[ProcessFailure] = ()) -> None:
-        ordered = order_failures(failures)
+
+class LaunchError(RuntimeError):
+    """A worker failed. ``failures`` lists each failed rank, root cause first.
+
+    ``earlier_attempts`` holds the failures of attempts that were restarted (``max_restarts``);
+    ``report`` is the `LaunchReport` of the workers that ran, when there is one.
+    """
+
+    def __init__(self, summary: str, failures: Iterable[ProcessFailure] = (), *,
+                 earlier_attempts: Sequence[Sequence[ProcessFailure]] = (),
+                 report: Any = None) -> None:
         self.summary = summary
-        self.failures: list[ProcessFailure] = ordered
-        super().__init__(format_failures(ordered, summary))
+        self.failures: list[ProcessFailure] = list(failures)
+        self.earlier_attempts = [list(attempt) for attempt in earlier_attempts]
+        self.report = report
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        text = format_failures(self.failures, self.summary)
+        for number, attempt in enumerate(self.earlier_attempts, start=1):
+            own = [f for f in attempt if not f.secondary] or attempt
+            if own:
+                text += (f"\n\nattempt {number} (restarted) failed first with "
+                         f"{own[0].headline()}")
+                if own[0].traceback:
+                    text += "\n" + own[0].traceback.rstrip()
+        return text
 
     @property
     def root_cause(self) -> ProcessFailure | None:
-        return self.failures[0] if self.failures else None
+        """The first rank to fail in its own right; a peer's error when nothing else is known."""
+        own = [f for f in self.failures if not f.secondary]
+        if own:
+            return own[0]
+        lost = [f for f in self.failures if f.cause == LOST_PEER]
+        return lost[0] if lost else None
 
     @property
     def exitcode(self) -> int:
@@ -108,13 +216,13 @@ class LaunchError(RuntimeError):
         return root.exitcode
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (type(self), (self.summary, self.failures))
+        return (_rebuild, (type(self), self.summary, self.failures, self.earlier_attempts))
 
 
 class LaunchTimeout(LaunchError):
     """The launch's ``timeout`` expired; ``failures`` holds each live rank's Python stack."""
 
-    def __init__(self, summary: str, failures: Iterable[ProcessFailure] = ()) -> None:
-        self.summary = summary
-        self.failures = sorted(failures, key=lambda f: f.rank)
-        RuntimeError.__init__(self, format_failures(self.failures, summary))
+
+def _rebuild(kind: type[LaunchError], summary: str, failures: list[ProcessFailure],
+             earlier: list[list[ProcessFailure]]) -> LaunchError:
+    return kind(summary, failures, earlier_attempts=earlier)

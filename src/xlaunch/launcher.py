@@ -1,18 +1,20 @@
 """The public launch functions: check the call, plan it, hand the plan to one backend.
 
 `notebook_launcher` and `launch` are one function under two names: notebooks know the first from
-accelerate, scripts and the design card use the second.
+accelerate, scripts use the second.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from importlib import import_module
 from typing import Any
 
+from .backends import elastic, inline, xla
 from .environment import detect
-from .plan import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT, LaunchPlan, make_plan
+from .options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT, LaunchOptions
+from .outcome import Outcome, judge
+from .plan import LaunchPlan, make_plan
 
 
 def notebook_launcher(
@@ -59,9 +61,9 @@ def notebook_launcher(
         rdzv_conf: extra rendezvous settings passed to torch elastic.
         rdzv_id: the job's name at the rendezvous, the same on every machine.
         max_restarts: how many times the workers are restarted after a failure.
-        monitor_interval: seconds between torch elastic's checks on the workers. Left at 0.1,
-            the workers are checked every 0.01 s, so a short launch does not wait 0.1 s for
-            the first check.
+        monitor_interval: seconds between torch elastic's checks on the workers. Left at its
+            default (0.1), the workers are checked every 0.01 s, so a short launch does not wait
+            0.1 s for the first check; a value you pass, 0.1 included, is used as given.
         log_line_prefix_template: torch elastic's prefix for each worker's output lines (for
             example ``"[${rank}] "``); by default lines are prefixed ``[rank N]``.
         timeout: seconds the whole launch may take; then every worker is stopped and
@@ -71,16 +73,15 @@ def notebook_launcher(
     Returns:
         What ``function`` returned in this machine's local process 0, tensors moved to the CPU.
     """
-    args = _check_call(function, args)
-    plan = make_plan(
-        detect(), num_processes=num_processes, mixed_precision=mixed_precision, use_port=use_port,
+    args = _check_args(function, args)
+    options = LaunchOptions(
+        num_processes=num_processes, mixed_precision=mixed_precision, use_port=use_port,
         master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes,
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
         rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
         log_line_prefix_template=log_line_prefix_template, timeout=timeout,
-        start_method=start_method,
-    )
-    return run_plan(plan, function, args)
+        start_method=start_method)
+    return run_plan(make_plan(detect(), options), function, args)
 
 
 launch = notebook_launcher
@@ -94,21 +95,32 @@ def debug_launcher(
     timeout: float | None = None,
 ) -> Any:
     """Run ``function(*args)`` in ``num_processes`` CPU processes over gloo, whatever the machine."""
-    args = _check_call(function, args)
-    plan = make_plan(detect(), num_processes=num_processes, timeout=timeout, cpu_only=True)
-    return run_plan(plan, function, args)
+    args = _check_args(function, args)
+    options = LaunchOptions(num_processes=num_processes, timeout=timeout, cpu_only=True)
+    return run_plan(make_plan(detect(), options), function, args)
+
+
+Backend = Callable[[LaunchPlan, Callable[..., Any], tuple[Any, ...]], Outcome]
+# One backend per path: the plan names its path, this says which module carries it out.
+BACKENDS: dict[str, Backend] = {"xla": xla.launch, "elastic": elastic.launch, "inline": inline.launch}
 
 
 def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Carry out a plan: say what runs, hand it to its backend, judge the outcome."""
     for line in (*plan.notes, f"launching {plan.summary()}"):
         print(f"xlaunch: {line}", file=sys.stderr)
-    if plan.accelerator == "cuda" and plan.start_method == "fork" and plan.backend == "elastic":
+    if plan.accelerator == "cuda" and plan.path == "elastic":
         _refuse_initialised_cuda()
-    backend = import_module(f".backends.{plan.backend}", __package__)
-    return backend.launch(plan, function, args)
+    outcome = BACKENDS[plan.path](plan, function, args)
+    error = judge(outcome)
+    if error is not None:
+        raise error from outcome.exception
+    if outcome.exception is not None:  # the engine failed before any worker ran
+        raise outcome.exception
+    return outcome.result
 
 
-def _check_call(function: object, args: object) -> tuple[Any, ...]:
+def _check_args(function: object, args: object) -> tuple[Any, ...]:
     if not callable(function):
         raise TypeError(f"function must be callable, got {type(function).__name__}: {function!r}")
     if isinstance(args, (str, bytes)) or not isinstance(args, (tuple, list)):

@@ -1,92 +1,129 @@
-"""Environment + the caller's arguments -> one `LaunchPlan`. Every refusal lives here.
+"""Environment + the caller's options -> one `LaunchPlan`. Every refusal and decision lives here.
 
-Keeping the decisions in one pure function means a bad argument is refused before any process
-starts, `xlaunch env` can show what a launch would do without doing it, and each backend only
-carries out a plan it never has to second-guess.
+Keeping the decisions in one place means a bad argument is refused before any process starts,
+`xlaunch env` can show what a launch would do without doing it, and each backend only carries out
+a plan it never has to second-guess: the port, the threads per CPU process, the interface workers
+meet on, the PJRT device, the engine's check interval are all decided here.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .environment import Environment
-from .tpu_layout import TpuLayout, tpu_layout
+from .machine import Machine
+from .options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT, LaunchOptions
+from .ports import choose_port
+from .tpu_layout import tpu_layout
 
-DEFAULT_PORT = "29500"
-DEFAULT_MONITOR_INTERVAL = 0.1
-# Left at its default, the engine checks its workers this often instead: its first check comes
-# one interval after the start, which was most of a short launch's time at 0.1 s.
+# Left at its default, the engine checks its workers this often instead (see options.py).
 FAST_MONITOR_INTERVAL = 0.01
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 START_METHODS = ("fork", "spawn", "forkserver")
+PJRT_DEVICES = {"tpu": "TPU", "cuda": "CUDA", "cpu": "CPU"}
+PATHS = {
+    "xla": "torch_xla xmp.spawn",
+    "elastic": "torch.distributed.elastic",
+    "inline": "in the calling process, no worker processes",
+}
+
+
+@dataclass(frozen=True)
+class XlaSpec:
+    """TPU cores (or XLA's CPU/GPU devices) through ``xmp.spawn`` in a launch leader."""
+
+    threads_per_process: int  # replicas per process (2 on v2/v3 chips)
+    nprocs: int | None  # xmp.spawn's nprocs: None spawns the layout, 1 runs one replica
+    pjrt_device: str | None  # set for the workers unless already set; None on a TPU Node
+    start_method: str = "fork"
+    worker_env: Mapping[str, str] = field(default_factory=dict)  # set in every replica
+    unset_env: tuple[str, ...] = ()  # removed before the replicas start
+    legacy_tpu_node: bool = False  # a remote TPU Node (torch_xla <= 2.0 only)
+    line_prefix: str | None = "[rank ${rank}] "  # None: output is not prefixed
+
+
+@dataclass(frozen=True)
+class ElasticSpec:
+    """GPUs or CPU processes through torch elastic's agent."""
+
+    dist_backend: str  # nccl | gloo
+    start_method: str
+    port: int  # MASTER_PORT for the workers; where node 0's store listens with several nodes
+    num_nodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = ""
+    rdzv_conf: Mapping[str, Any] = field(default_factory=dict)
+    rdzv_id: str = "none"
+    max_restarts: int = 0
+    monitor_interval: float = FAST_MONITOR_INTERVAL
+    log_line_prefix_template: str | None = None  # the engine prefixes (and tees) when set
+    cpu_threads: int = 0  # torch threads per CPU worker; 0 leaves torch's choice
+    loopback_only: bool = True  # one node: everything meets through files and on `lo`
+
+    @property
+    def socket_ifname(self) -> str | None:
+        return "lo" if self.loopback_only else None
+
+
+@dataclass(frozen=True)
+class InlineSpec:
+    """One process: the caller's own; nothing starts."""
+
+
+PathSpec = XlaSpec | ElasticSpec | InlineSpec
 
 
 @dataclass(frozen=True)
 class LaunchPlan:
     """Everything a backend needs to start this node's workers, decided up front."""
 
-    backend: str  # "xla" (xmp.spawn), "elastic" (torch elastic agent), "inline" (the caller)
     accelerator: str  # tpu | cuda | cpu
     num_processes: int  # processes on this node
-    num_nodes: int = 1
-    node_rank: int = 0
-    threads_per_process: int = 1  # XLA replicas per process (2 on v2/v3 chips)
-    dist_backend: str | None = None  # xla | nccl | gloo; None when one process runs inline
-    start_method: str = "fork"
+    world_size: int  # replicas in the whole job
+    spec: PathSpec
     mixed_precision: str = "no"
-    master_addr: str = "127.0.0.1"
-    port: int = 29500
-    port_is_default: bool = True
-    rdzv_backend: str = "static"
-    rdzv_endpoint: str = ""
-    rdzv_conf: Mapping[str, Any] = field(default_factory=dict)
-    rdzv_id: str = "none"
-    max_restarts: int = 0
-    monitor_interval: float = 0.1
-    log_line_prefix_template: str | None = None
     timeout: float | None = None
-    worker_env: Mapping[str, str] = field(default_factory=dict)  # set in every worker
-    unset_env: tuple[str, ...] = ()  # removed before workers start
+    report: bool = True
     notes: tuple[str, ...] = ()  # what the user should be told about this plan
-    xla_nprocs: int | None = None  # XLA path: xmp.spawn's nprocs, None (the layout) or 1 replica
-    legacy_tpu_node: bool = False  # XLA path to a remote TPU Node (torch_xla <= 2.0 only)
 
     @property
-    def world_size(self) -> int:
-        """Replicas in the whole job: processes x threads on every node."""
-        return self.num_processes * self.threads_per_process * self.num_nodes
+    def path(self) -> str:
+        return {XlaSpec: "xla", ElasticSpec: "elastic", InlineSpec: "inline"}[type(self.spec)]
 
     @property
-    def local_only(self) -> bool:
-        """A single-node launch needs no address beyond loopback."""
-        return self.num_nodes == 1
+    def dist_backend(self) -> str | None:
+        if isinstance(self.spec, XlaSpec):
+            return "xla"
+        return self.spec.dist_backend if isinstance(self.spec, ElasticSpec) else None
 
     def summary(self) -> str:
         """One line saying what will run, so a launch never silently does something else."""
-        count = self.num_processes * self.threads_per_process
+        spec = self.spec
+        count = self.world_size // getattr(spec, "num_nodes", 1)
         one, many = {"tpu": ("TPU core", "TPU cores"), "cuda": ("GPU", "GPUs"),
                      "cpu": ("CPU process", "CPU processes")}[self.accelerator]
         text = f"{count} {one if count == 1 else many}"
-        if self.backend == "xla":
+        if isinstance(spec, XlaSpec):
             text += f" through torch_xla ({self.num_processes} process(es)"
-            text += f" x {self.threads_per_process} threads)" if self.threads_per_process > 1 else ")"
-        elif self.backend == "elastic":
-            text += f" through torch elastic ({self.dist_backend}, {self.start_method})"
+            text += f" x {spec.threads_per_process} threads)" if spec.threads_per_process > 1 else ")"
+        elif isinstance(spec, ElasticSpec):
+            text += f" through torch elastic ({spec.dist_backend}, {spec.start_method})"
+            if spec.num_nodes > 1:
+                text += f" on node {spec.node_rank} of {spec.num_nodes}"
         else:
             text += " in this process"
-        if self.num_nodes > 1:
-            text += f" on node {self.node_rank} of {self.num_nodes}"
         return text
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["rdzv_conf"] = dict(self.rdzv_conf)
-        data["worker_env"] = dict(self.worker_env)
-        data["world_size"] = self.world_size
+        data.update(path=self.path, dist_backend=self.dist_backend)
         return data
 
 
@@ -94,143 +131,173 @@ def default_start_method() -> str:
     return "fork" if sys.platform.startswith("linux") else "spawn"
 
 
-def make_plan(
-    env: Environment,
-    *,
-    num_processes: int | None = None,
-    mixed_precision: str = "no",
-    use_port: str | int = DEFAULT_PORT,
-    master_addr: str = "127.0.0.1",
-    node_rank: int = 0,
-    num_nodes: int = 1,
-    rdzv_backend: str = "static",
-    rdzv_endpoint: str = "",
-    rdzv_conf: Mapping[str, Any] | None = None,
-    rdzv_id: str = "none",
-    max_restarts: int = 0,
-    monitor_interval: float = DEFAULT_MONITOR_INTERVAL,
-    log_line_prefix_template: str | None = None,
-    timeout: float | None = None,
-    start_method: str | None = None,
-    cpu_only: bool = False,
-) -> LaunchPlan:
-    """Decide how to launch, or raise `ValueError` saying what to change."""
-    precision = _mixed_precision(mixed_precision)
-    _check_counts(num_processes, num_nodes, node_rank, max_restarts)
-    port, port_is_default = _port(use_port)
-    if rdzv_backend not in RDZV_BACKENDS:
-        raise ValueError(f"rdzv_backend={rdzv_backend!r} is not one of {', '.join(RDZV_BACKENDS)}")
-    if not monitor_interval > 0:
-        raise ValueError(f"monitor_interval must be a positive number of seconds, not {monitor_interval!r}")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
-    method = start_method or default_start_method()
-    if method not in START_METHODS:
-        raise ValueError(f"start_method={method!r} is not one of {', '.join(START_METHODS)}")
-
-    common: dict[str, Any] = dict(
-        num_nodes=num_nodes, node_rank=node_rank, start_method=method, mixed_precision=precision,
-        master_addr=master_addr, port=port, port_is_default=port_is_default,
-        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=dict(rdzv_conf or {}),
-        rdzv_id=rdzv_id, max_restarts=max_restarts,
-        monitor_interval=(FAST_MONITOR_INTERVAL if monitor_interval == DEFAULT_MONITOR_INTERVAL
-                          else float(monitor_interval)),
-        log_line_prefix_template=log_line_prefix_template, timeout=timeout,
-    )
-    accelerator = "cpu" if cpu_only else env.accelerator
-    if not cpu_only and env.xla_device is not None:
-        return _xla_plan(env, num_processes, precision, common)
-    if accelerator == "cuda":
-        return _cuda_plan(env, num_processes, common)
-    return _cpu_plan(num_processes, cpu_only, common)
-
-
-def _xla_plan(env: Environment, num_processes: int | None, precision: str,
-              common: dict[str, Any]) -> LaunchPlan:
-    if precision == "fp16" and env.accelerator == "tpu":
-        raise ValueError(
-            "mixed_precision='fp16' is not supported on TPU: TPUs compute in bfloat16. "
-            "Use mixed_precision='bf16'."
-        )
-    if env.legacy_tpu_node:
-        notes: tuple[str, ...] = ("legacy TPU Node runtime (remote TPU, no local chips)",)
+def make_plan(env: Environment, options: LaunchOptions | None = None,
+              machine: Machine | None = None) -> LaunchPlan:
+    """Decide how to launch, or raise `ValueError` (`RuntimeError` for a taken port) saying why."""
+    options = options or LaunchOptions()
+    _check_values(options)
+    machine = machine or Machine.here()
+    if not options.cpu_only and env.xla_device is not None:
+        plan = _xla_plan(env, options)
+    elif env.accelerator == "cuda" and not options.cpu_only:
+        plan = _cuda_plan(env, options)
     else:
-        notes = ()
-    if common["num_nodes"] > 1:
+        plan = _cpu_plan(options, machine)
+    _refuse_unused(plan, options)
+    return plan
+
+
+def _common(options: LaunchOptions) -> dict[str, Any]:
+    return dict(mixed_precision=options.mixed_precision.strip().lower(), timeout=options.timeout,
+                report=options.report)
+
+
+def _xla_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
+    if options.mixed_precision.strip().lower() == "fp16" and env.accelerator == "tpu":
+        raise ValueError("mixed_precision='fp16' is not supported on TPU: TPUs compute in "
+                         "bfloat16. Use mixed_precision='bf16'.")
+    if options.num_nodes > 1:
         raise ValueError(
             "num_nodes > 1 does not apply to TPUs: on a TPU pod run the same launch on every host "
-            "(for example `gcloud compute tpus tpu-vm ssh --worker=all`); torch_xla forms the world."
-        )
-    layout: TpuLayout = tpu_layout(env, num_processes)
-    return LaunchPlan(
-        backend="xla", accelerator=env.accelerator, num_processes=layout.processes,
-        threads_per_process=layout.threads_per_process, dist_backend="xla",
-        worker_env=layout.env, unset_env=layout.unset_env, notes=notes + layout.notes,
-        xla_nprocs=layout.nprocs, legacy_tpu_node=env.legacy_tpu_node, **common,
-    )
+            "(for example `gcloud compute tpus tpu-vm ssh --worker=all`); torch_xla forms the world.")
+    layout = tpu_layout(env, options.num_processes)
+    notes = ("legacy TPU Node runtime (remote TPU, no local chips)",) if env.legacy_tpu_node else ()
+    template = options.log_line_prefix_template
+    spec = XlaSpec(
+        threads_per_process=layout.threads_per_process, nprocs=layout.nprocs,
+        pjrt_device=None if env.legacy_tpu_node else PJRT_DEVICES.get(env.accelerator, "CPU"),
+        start_method=options.start_method or "fork", worker_env=layout.env,
+        unset_env=layout.unset_env, legacy_tpu_node=env.legacy_tpu_node,
+        line_prefix=template if template is not None else XlaSpec.line_prefix)
+    return LaunchPlan(env.accelerator, layout.processes, layout.replicas, spec,
+                      notes=notes + layout.notes, **_common(options))
 
 
-def _cuda_plan(env: Environment, num_processes: int | None, common: dict[str, Any]) -> LaunchPlan:
+def _cuda_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
     if env.device_count == 0:
-        raise ValueError("a GPU launch was asked for (XLAUNCH_ACCELERATOR=cuda) but no GPU is visible "
-                         "(check the driver and CUDA_VISIBLE_DEVICES)")
-    count = env.device_count if num_processes is None else num_processes
+        raise ValueError("a GPU launch was asked for (XLAUNCH_ACCELERATOR=cuda) but no GPU is "
+                         "visible (check the driver and CUDA_VISIBLE_DEVICES)")
+    count = env.device_count if options.num_processes is None else options.num_processes
     if count > env.device_count:
         raise ValueError(
             f"num_processes={count} asks for more processes than this machine has GPUs "
-            f"({env.device_count}); use at most {env.device_count}"
-        )
-    return _torch_plan("cuda", count, "nccl", common)
+            f"({env.device_count}); use at most {env.device_count}")
+    return _torch_plan("cuda", count, "nccl", options, cpu_threads=0)
 
 
-def _cpu_plan(num_processes: int | None, cpu_only: bool, common: dict[str, Any]) -> LaunchPlan:
+def _cpu_plan(options: LaunchOptions, machine: Machine) -> LaunchPlan:
+    count = options.num_processes
     notes: tuple[str, ...] = ()
-    if num_processes is None:
-        num_processes = 1
-        if not cpu_only:
+    if count is None:
+        count = 1
+        if not options.cpu_only:
             notes = ("no TPU or GPU found: running 1 process on the CPU "
                      "(pass num_processes=N for N CPU processes)",)
-    return _torch_plan("cpu", num_processes, "gloo", common, notes)
+    machine.check_cpu_processes(count)
+    # Each process would start a thread per core and they would fight over the cores (the demo
+    # trained 2.5x slower on 2 cores); torchrun sets OMP_NUM_THREADS for the same reason.
+    threads = 0 if "OMP_NUM_THREADS" in os.environ or count == 1 else max(1, machine.cores // count)
+    plan = _torch_plan("cpu", count, "gloo", options, cpu_threads=threads)
+    return replace(plan, notes=notes)
 
 
-def _torch_plan(accelerator: str, count: int, dist_backend: str, common: dict[str, Any],
-                notes: tuple[str, ...] = ()) -> LaunchPlan:
-    inline = count == 1 and common["num_nodes"] == 1
-    return LaunchPlan(
-        backend="inline" if inline else "elastic", accelerator=accelerator, num_processes=count,
-        dist_backend=None if inline else dist_backend, notes=notes, **common,
-    )
+def _torch_plan(accelerator: str, count: int, dist_backend: str, options: LaunchOptions,
+                cpu_threads: int) -> LaunchPlan:
+    world = count * options.num_nodes
+    if count == 1 and options.num_nodes == 1:
+        return LaunchPlan(accelerator, 1, 1, InlineSpec(), **_common(options))
+    loopback = options.num_nodes == 1 and not options.rdzv_endpoint
+    interval = options.monitor_interval
+    spec = ElasticSpec(
+        dist_backend=dist_backend, start_method=options.start_method or default_start_method(),
+        port=choose_port(options.use_port, options.use_port == DEFAULT_PORT, options.master_addr,
+                         loopback=options.num_nodes == 1, owner=options.node_rank == 0),
+        num_nodes=options.num_nodes, node_rank=options.node_rank, master_addr=options.master_addr,
+        rdzv_backend=options.rdzv_backend, rdzv_endpoint=options.rdzv_endpoint,
+        rdzv_conf=dict(options.rdzv_conf or {}), rdzv_id=options.rdzv_id,
+        max_restarts=options.max_restarts,
+        monitor_interval=FAST_MONITOR_INTERVAL if interval is DEFAULT_MONITOR_INTERVAL else interval,
+        log_line_prefix_template=options.log_line_prefix_template, cpu_threads=cpu_threads,
+        loopback_only=loopback)
+    return LaunchPlan(accelerator, count, world, spec, **_common(options))
 
 
-def _mixed_precision(value: object) -> str:
-    text = str(value).strip().lower() if isinstance(value, str) else None
-    if text not in MIXED_PRECISIONS:
-        raise ValueError(f"mixed_precision={value!r} is not one of {', '.join(MIXED_PRECISIONS)}")
-    return text
+def _check_values(options: LaunchOptions) -> None:
+    if options.mixed_precision.strip().lower() not in MIXED_PRECISIONS:
+        raise ValueError(f"mixed_precision={options.mixed_precision!r} is not one of "
+                         f"{', '.join(MIXED_PRECISIONS)}")
+    if options.num_processes is not None and options.num_processes < 1:
+        raise ValueError(f"num_processes must be a whole number of at least 1, not {options.num_processes!r}")
+    if options.num_nodes < 1:
+        raise ValueError(f"num_nodes must be a whole number of at least 1, not {options.num_nodes!r}")
+    if not 0 <= options.node_rank < options.num_nodes:
+        raise ValueError(f"node_rank={options.node_rank!r} must be between 0 and "
+                         f"num_nodes-1={options.num_nodes - 1}")
+    if options.max_restarts < 0:
+        raise ValueError(f"max_restarts must be a whole number of at least 0, not {options.max_restarts!r}")
+    if options.rdzv_backend not in RDZV_BACKENDS:
+        raise ValueError(f"rdzv_backend={options.rdzv_backend!r} is not one of "
+                         f"{', '.join(RDZV_BACKENDS)}")
+    if not options.monitor_interval > 0:
+        raise ValueError("monitor_interval must be a positive number of seconds, not "
+                         f"{options.monitor_interval!r}")
+    if options.timeout is not None and not options.timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or None, not "
+                         f"{options.timeout!r}")
+    if options.start_method is not None and options.start_method not in START_METHODS:
+        raise ValueError(f"start_method={options.start_method!r} is not one of "
+                         f"{', '.join(START_METHODS)}")
+    if str(options.use_port) != DEFAULT_PORT and not _is_port(options.use_port):
+        raise ValueError(f"use_port={options.use_port!r} is not a port number (1-65535)")
 
 
-def _check_counts(num_processes: int | None, num_nodes: int, node_rank: int,
-                  max_restarts: int) -> None:
-    if num_processes is not None and (not _is_int(num_processes) or num_processes < 1):
-        raise ValueError(f"num_processes must be a whole number of at least 1, not {num_processes!r}")
-    if not _is_int(num_nodes) or num_nodes < 1:
-        raise ValueError(f"num_nodes must be a whole number of at least 1, not {num_nodes!r}")
-    if not _is_int(node_rank) or not 0 <= node_rank < num_nodes:
-        raise ValueError(f"node_rank={node_rank!r} must be between 0 and num_nodes-1={num_nodes - 1}")
-    if not _is_int(max_restarts) or max_restarts < 0:
-        raise ValueError(f"max_restarts must be a whole number of at least 0, not {max_restarts!r}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _port(use_port: str | int) -> tuple[int, bool]:
-    is_default = str(use_port) == DEFAULT_PORT
+def _is_port(value: str | int) -> bool:
     try:
-        port = int(use_port)
-    except (TypeError, ValueError):
-        port = -1
-    if not 0 < port < 65536:
-        raise ValueError(f"use_port={use_port!r} is not a port number (1-65535)")
-    return port, is_default
+        return 0 < int(value) < 65536
+    except ValueError:
+        return False
+
+
+# What each path does with each option; an option given (not left at its default) that the
+# path leaves unused is refused, naming the option and the path.
+_USED = {
+    "xla": {"num_processes", "mixed_precision", "timeout", "start_method", "report",
+            "log_line_prefix_template", "compile_cache", "cpu_only"},
+    "inline": {"num_processes", "mixed_precision", "timeout", "report", "cpu_only"},
+}
+_WHY_UNUSED = {
+    "xla": "torch_xla forms the TPU world itself: there is no rendezvous, port or engine to set",
+    "inline": "one process runs in this process: nothing is started, restarted or rendezvoused "
+              "(ask for num_processes=2 or more to start processes)",
+}
+
+
+def _refuse_unused(plan: LaunchPlan, options: LaunchOptions) -> None:
+    given = options.given()
+    if plan.path == "elastic":
+        assert isinstance(plan.spec, ElasticSpec)
+        unused = {"compile_cache"} if given.get("compile_cache") not in (None, False) else set()
+        if plan.spec.num_nodes == 1 and not options.rdzv_endpoint:
+            unused |= {"master_addr"} if "master_addr" in given else set()
+            if options.rdzv_backend == "static" and options.rdzv_conf:
+                unused.add("rdzv_conf")
+        why = "one machine meets on loopback through files: master_addr and rdzv_conf " \
+              "apply to several machines (num_nodes > 1) or a named rdzv_endpoint"
+        if unused & {"compile_cache"}:
+            why = "compile_cache is torch_xla's compilation cache, used on the XLA path only"
+    else:
+        unused = {name for name in given if name not in _USED[plan.path]}
+        if plan.path == "inline" and given.get("compile_cache") in (False,):
+            unused.discard("compile_cache")
+        why = _WHY_UNUSED[plan.path]
+        if plan.path == "xla" and "max_restarts" in unused:
+            why = ("max_restarts is not available on the XLA path yet; torch_xla itself "
+                   "never restarts replicas")
+    if unused:
+        names = ", ".join(f"{name}={given[name]!r}" for name in sorted(unused))
+        raise ValueError(f"{names}: not used by the {plan.path} launch path "
+                         f"({plan.summary()}): {why}. Leave it at its default.")
+
+
+def describe_path(plan: LaunchPlan) -> str:
+    return f"{plan.path} ({PATHS[plan.path]})"

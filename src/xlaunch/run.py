@@ -52,8 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0,
                         metavar="N", help="restart the workers up to N times after a failure")
     parser.add_argument("--monitor-interval", "--monitor_interval", dest="monitor_interval",
-                        type=float, default=0.1, metavar="SECONDS",
-                        help="how often the agent checks the workers")
+                        type=float, default=None, metavar="SECONDS",
+                        help="how often the agent checks the workers (default: every 0.01 s)")
     add_common_arguments(parser)
     parser.add_argument("--cpu", action="store_true",
                         help="debug: run CPU processes over gloo even where a TPU or GPU is present")
@@ -79,23 +79,36 @@ def main(args: argparse.Namespace) -> int:
     """Plan, launch, and turn the outcome into an exit status a shell or a scheduler can act on."""
     from .environment import detect
     from .launcher import run_plan
-    from .plan import DEFAULT_PORT, make_plan
+    from .plan import make_plan
 
     script = os.path.abspath(args.script)
     if not os.path.isfile(script):
         return usage_error(f"can't open file {args.script!r}: no such file")
     try:
-        plan = make_plan(
-            detect(), num_processes=args.num_processes, mixed_precision=args.mixed_precision,
-            use_port=DEFAULT_PORT if args.master_port is None else args.master_port,
-            master_addr=args.master_addr, node_rank=args.node_rank, num_nodes=args.num_nodes,
-            rdzv_backend=args.rdzv_backend, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-            max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
-            timeout=args.timeout, start_method=args.start_method, cpu_only=args.cpu,
-        )
+        plan = make_plan(detect(), options_from(args))
     except (ValueError, TypeError) as error:
         return usage_error(str(error))
     return launch_and_report(lambda: run_plan(plan, run_script, (script, list(args.script_args))))
+
+
+def options_from(args: argparse.Namespace, **overrides: Any) -> Any:
+    """The one options object for a command's arguments (``run`` and ``demo`` share it)."""
+    from .options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT, LaunchOptions
+
+    values: dict[str, Any] = dict(
+        num_processes=args.num_processes, mixed_precision=args.mixed_precision,
+        timeout=args.timeout, start_method=args.start_method)
+    if hasattr(args, "script"):  # ``run``: the engine's options too
+        values.update(
+            use_port=DEFAULT_PORT if args.master_port is None else args.master_port,
+            master_addr=args.master_addr, node_rank=args.node_rank, num_nodes=args.num_nodes,
+            rdzv_backend=args.rdzv_backend, rdzv_endpoint=args.rdzv_endpoint,
+            rdzv_id=args.rdzv_id, max_restarts=args.max_restarts,
+            monitor_interval=(DEFAULT_MONITOR_INTERVAL if args.monitor_interval is None
+                              else args.monitor_interval),
+            cpu_only=args.cpu)
+    values.update(overrides)
+    return LaunchOptions(**values)
 
 
 def run_script(script: str, script_args: list[str]) -> None:

@@ -21,7 +21,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 
-from .worker import MIXED_PRECISION_VAR, WORLD_VAR
+from . import _compat
+from .worker import MIXED_PRECISION_VAR, RESTART_VAR, WORLD_VAR
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -38,15 +39,7 @@ class _World(NamedTuple):
 
 
 def _in_xla_world() -> bool:
-    if os.environ.get(WORLD_VAR) == "xla":
-        return True
-    torch_xla = sys.modules.get("torch_xla")  # asking an unimported torch_xla would import it
-    if torch_xla is None:
-        return False
-    try:
-        return bool(torch_xla._XLAC._xla_runtime_is_initialized())
-    except AttributeError:
-        return False
+    return os.environ.get(WORLD_VAR) == "xla" or _compat.xla_runtime_is_initialized()
 
 
 def _xla_world() -> _World:
@@ -149,6 +142,12 @@ class ProcessState:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     @property
+    def restart_count(self) -> int:
+        """0 on the first attempt, then 1, 2, ... after each restart (``max_restarts``)."""
+        value = os.environ.get(RESTART_VAR) or os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+        return int(value)
+
+    @property
     def mixed_precision(self) -> str:
         return os.environ.get(MIXED_PRECISION_VAR, "no").strip().lower() or "no"
 
@@ -226,7 +225,7 @@ class ProcessState:
     def on_local_process(self, function: Callable[..., Any] | None = None,
                          local_process_index: int = 0, *,
                          local_process_idx: int | None = None) -> Any:
-        """``local_process_idx`` is the seed tutorial's spelling; both are accepted."""
+        """``local_process_idx`` is the spelling accelerate's tutorials use; both are accepted."""
         _check_decorated(function, "on_local_process(local_process_index=...)")
         if local_process_idx is not None:
             if local_process_index not in (0, local_process_idx):

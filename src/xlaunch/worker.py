@@ -1,182 +1,88 @@
-"""What every backend does inside a worker, and the files a launch leaves for its caller.
+"""What every backend does inside a worker: set up, run the user's function, report.
 
-Workers report through a private per-launch directory rather than through pipes: a record written
-before a worker exits survives however that worker then dies, its nanosecond timestamp says which
-rank failed first, and a stack dumped by `faulthandler` lands there even when the worker is stuck
-inside a C++ collective. The caller reads the directory once the engine is done and removes it.
+A worker writes its pid before it runs anything, so the caller can tell every rank's process even
+when it dies at once, and writes its own record of an exception before it exits, so the caller
+knows the rank raised rather than guessing from the order it noticed deaths in.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import io
-import json
 import os
 import pickle
-import re
-import shutil
 import signal
+import string
 import sys
-import tempfile
 import threading
-import time
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import IO, Any
 
+from . import process_group
 from .errors import ProcessFailure
+from .launch_dir import STACK_SIGNAL, LaunchDir, record_failure, write_pid
+from .outcome import CANCELLED_EXIT
+from .output import PrefixedStream
 
-STACK_SIGNAL = signal.SIGUSR1
-CANCELLED_EXIT = 75  # a worker started after the launch was stopped exits at once with this
 MIXED_PRECISION_VAR = "XLAUNCH_MIXED_PRECISION"
 WORLD_VAR = "XLAUNCH_WORLD"  # "xla" inside XLA workers; tells ProcessState which world it is in
+RESTART_VAR = "XLAUNCH_RESTART_COUNT"  # which attempt this is, on every path
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 @dataclass(frozen=True)
-class LaunchDir:
-    """A private directory for one launch; ``attempt`` separates restarts of the workers."""
+class WorkerSetup:
+    """What every worker of a launch shares (forked to it, or pickled under ``spawn``)."""
 
-    path: str
-
-    @classmethod
-    def create(cls) -> LaunchDir:
-        """A fresh directory named after this process; leftovers of dead launchers are swept.
-
-        A launcher killed outright (SIGKILL, a kernel restart) cannot remove its directory; the
-        next launch on the machine does, once the process that made it is gone.
-        """
-        for stale in Path(tempfile.gettempdir()).glob("xlaunch-*-*"):
-            owner = stale.name.split("-")[1]
-            if owner.isdigit() and not _process_exists(int(owner)):
-                shutil.rmtree(stale, ignore_errors=True)
-        return cls(tempfile.mkdtemp(prefix=f"xlaunch-{os.getpid()}-"))
-
-    def attempt_path(self, attempt: int) -> Path:
-        return Path(self.path) / f"attempt-{attempt}"
-
-    def attempt_dir(self, attempt: int) -> Path:
-        folder = self.attempt_path(attempt)
-        folder.mkdir(exist_ok=True)
-        return folder
-
-    def latest_attempt(self) -> Path | None:
-        attempts = sorted(Path(self.path).glob("attempt-*"), key=lambda p: int(p.name.split("-")[1]))
-        return attempts[-1] if attempts else None
-
-    @property
-    def cancel_marker(self) -> Path:
-        return Path(self.path) / "cancelled"
-
-    def cancel(self) -> None:
-        self.cancel_marker.touch()
-
-    def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
-def worker_pids(attempt: Path) -> dict[int, int]:
-    """rank -> pid of the workers that started in this attempt."""
-    pids = {}
-    for pid_file in attempt.glob("pid-*"):
-        try:
-            pids[int(pid_file.name[4:])] = int(pid_file.read_text())
-        except (ValueError, OSError):
-            continue
-    return pids
-
-
-def read_failures(attempt: Path | None) -> dict[int, ProcessFailure]:
-    """The failure records workers wrote in one attempt, by rank."""
-    records: dict[int, ProcessFailure] = {}
-    if attempt is None:
-        return records
-    for record in attempt.glob("failure-*.json"):
-        try:
-            data = json.loads(record.read_text())
-        except (OSError, ValueError):
-            continue
-        records[data["rank"]] = ProcessFailure(**data, error_file=str(record))
-    return records
-
-
-def read_stacks(attempt: Path) -> dict[int, str]:
-    stacks = {}
-    for stack_file in attempt.glob("stack-*"):
-        try:
-            stacks[int(stack_file.name[6:])] = _user_frames_first(stack_file.read_text())
-        except (ValueError, OSError):
-            continue
-    return stacks
-
-
-def dump_stacks(attempt: Path, pids: dict[int, int], wait: float = 2.0) -> dict[int, str]:
-    """Ask each live worker for its Python stack (faulthandler) and collect what arrives."""
-    asked = {}
-    for rank, pid in pids.items():
-        try:
-            os.kill(pid, STACK_SIGNAL)
-            asked[rank] = pid
-        except ProcessLookupError:
-            continue
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        stacks = read_stacks(attempt)
-        if all(stacks.get(rank) for rank in asked):
-            break
-        time.sleep(0.02)
-    return {rank: text for rank, text in read_stacks(attempt).items() if rank in asked}
+    launch_dir: str
+    env: dict[str, str] = field(default_factory=dict)  # set in every worker
+    line_prefix: str | None = None  # a template (${rank}, ${local_rank}); None: no prefix
+    prefix_single: bool = False  # prefix even when the world is one process (a user template)
+    group: process_group.GroupTicket | None = None
+    tempdir: str | None = None  # the caller's temp directory, while the engine's points elsewhere
 
 
 class Worker:
-    """The per-process side of a launch: set up, run the user's function, report."""
+    """The per-process side of a launch."""
 
-    def __init__(self, launch_dir: str, attempt: int, rank: int, world_size: int,
-                 env: dict[str, str], prefix_output: bool) -> None:
-        self.attempt = LaunchDir(launch_dir).attempt_dir(attempt)
+    def __init__(self, setup: WorkerSetup, attempt: int, rank: int, local_rank: int,
+                 world_size: int) -> None:
+        process_group.join(setup.group)
+        launch_dir = LaunchDir(setup.launch_dir)
+        self.attempt = launch_dir.attempt_dir(attempt)
         self.rank = rank
-        self.world_size = world_size
-        self.cancelled = LaunchDir(launch_dir).cancel_marker.exists()
+        self.cancelled = launch_dir.cancel_marker.exists()
         self._stack_file: IO[str] | None = None
+        write_pid(self.attempt, rank, local_rank)
         if self.cancelled:
             return
-        os.environ.update(env)
-        (self.attempt / f"pid-{rank}").write_text(str(os.getpid()))
+        if setup.tempdir is not None:
+            import tempfile
+
+            tempfile.tempdir = setup.tempdir
+        os.environ.update(setup.env)
+        os.environ[RESTART_VAR] = str(attempt)
         self._stack_file = open(self.attempt / f"stack-{rank}", "w")  # noqa: SIM115
         faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
-        if prefix_output and world_size > 1:
-            sys.stdout = PrefixedStream(sys.stdout, f"[rank {rank}] ")
-            sys.stderr = PrefixedStream(sys.stderr, f"[rank {rank}] ")
+        if setup.line_prefix is not None and (world_size > 1 or setup.prefix_single):
+            prefix = string.Template(setup.line_prefix).safe_substitute(
+                rank=rank, local_rank=local_rank, role_name="default")
+            sys.stdout = PrefixedStream(sys.stdout, prefix)
+            sys.stderr = PrefixedStream(sys.stderr, prefix)
         die_with_parent()
         if threading.current_thread() is threading.main_thread():
             # The stop button or Ctrl-C must end a worker at once, even inside a C++ collective;
             # handlers the launching process had installed mean nothing here.
-            for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            for number in STOP_SIGNALS:
                 signal.signal(number, signal.SIG_DFL)
 
-    def record_failure(self, error: BaseException, exitcode: int = 1,
-                       skip_frames: int = 0) -> None:
+    def record_failure(self, error: BaseException, exitcode: int = 1, skip_frames: int = 0) -> None:
         """Write what went wrong, before anything else can go wrong."""
-        tb = error.__traceback__
-        for _ in range(skip_frames):
-            tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb
-        record = dict(
-            rank=self.rank, pid=os.getpid(), exitcode=exitcode, exc_type=type(error).__qualname__,
-            message=str(error), timestamp_ns=time.time_ns(),
-            traceback="".join(traceback.format_exception(type(error), error, tb)),
-        )
-        target = self.attempt / f"failure-{self.rank}.json"
-        partial = target.with_suffix(".tmp")
-        partial.write_text(json.dumps(record))
-        partial.replace(target)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - reporting must not fail on a closed stream
-                pass
+        record_failure(self.attempt, ProcessFailure.from_exception(
+            error, rank=self.rank, exitcode=exitcode, skip_frames=skip_frames))
+        flush_output()
 
-    def run(self, function: Any, args: tuple[Any, ...]) -> Any:
+    def run(self, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """Call the function; a failure is recorded and turned into this process's exit status."""
         if self.cancelled:
             raise SystemExit(CANCELLED_EXIT)
@@ -194,9 +100,27 @@ class Worker:
             self.record_failure(error, skip_frames=1)  # this frame is ours, not the user's
             raise SystemExit(1) from None
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                if isinstance(stream, PrefixedStream):
-                    stream.flush()
+            flush_output()
+
+    def returnable(self, result: Any) -> Any:
+        """The result moved to the CPU, or this rank's failure if it cannot be sent back."""
+        result = to_cpu(result)
+        try:
+            pickle.dumps(result)
+        except Exception as error:  # noqa: BLE001 - reported as this rank's failure
+            self.record_failure(TypeError(
+                f"the function returned a value that cannot be sent back to the caller "
+                f"({type(result).__name__}): {error}"))
+            raise SystemExit(1) from None
+        return result
+
+
+def flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - reporting must not fail on a closed stream
+            pass
 
 
 def check_picklable(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -229,66 +153,8 @@ def to_cpu(value: Any) -> Any:
     return value
 
 
-class PrefixedStream(io.TextIOBase):
-    """Prefixes each line, and writes whole lines, so ranks' output does not interleave mid-line.
-
-    A carriage return also ends a piece, so a progress bar still redraws in place.
-    """
-
-    def __init__(self, stream: Any, prefix: str) -> None:
-        self._stream = stream
-        self._prefix = prefix
-        self._pending = ""
-        self._line_started = False  # part of the current line already went out (by a flush)
-
-    def write(self, text: str) -> int:
-        self._pending += text
-        *complete, self._pending = re.split(r"(?<=[\r\n])", self._pending)
-        if complete:
-            self._stream.write("".join(self._start(piece) + piece for piece in complete))
-            self._stream.flush()
-        return len(text)
-
-    def flush(self) -> None:
-        if self._pending:
-            self._stream.write(self._start(self._pending) + self._pending)
-            self._pending = ""
-            self._line_started = True
-        self._stream.flush()
-
-    def _start(self, piece: str) -> str:
-        """The prefix this piece needs: none mid-line, none for a bare line end (a progress
-        bar's leading carriage return, an empty print)."""
-        prefix = "" if self._line_started or piece in ("\r", "\n") else self._prefix
-        self._line_started = False
-        return prefix
-
-    def isatty(self) -> bool:
-        return bool(getattr(self._stream, "isatty", lambda: False)())
-
-    def fileno(self) -> int:
-        return int(self._stream.fileno())
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return str(getattr(self._stream, "encoding", "utf-8"))
-
-    def writable(self) -> bool:
-        return True
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive, and not our directory to sweep
-        return True
-    return True
-
-
 def die_with_parent() -> None:
-    """Linux: end this worker if the process that started it dies (even by SIGKILL)."""
+    """Linux: end this process if the thread that started it ends (even by SIGKILL)."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -299,14 +165,3 @@ def die_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
-
-
-def _user_frames_first(dump: str) -> str:
-    """Keep the frames of the user's code: drop the launcher and engine frames below them."""
-    kept = []
-    for line in dump.splitlines():
-        if f'"{__file__}"' in line:
-            break
-        if line.strip() and not line.startswith("Current thread"):
-            kept.append(line)
-    return "\n".join(kept)

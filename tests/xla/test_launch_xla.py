@@ -36,6 +36,7 @@ import xlaunch  # noqa: E402
 from xlaunch import LaunchError, LaunchTimeout, ProcessState  # noqa: E402
 from xlaunch.backends import xla as xla_backend  # noqa: E402
 from xlaunch.environment import detect  # noqa: E402
+from xlaunch.options import LaunchOptions  # noqa: E402
 from xlaunch.plan import make_plan  # noqa: E402
 
 SUBPROCESS_TIMEOUT_S = 180
@@ -100,7 +101,7 @@ def compute(folder: str, scale: float) -> dict[str, Any]:
     xlaunch.wait_for_everyone()
     return dict(tensor=tensor, rank=state.process_index, world=state.num_processes,
                 backend=state.backend, world_var=os.environ.get("XLAUNCH_WORLD"),
-                device=str(tensor.device), pid=os.getpid(), group=os.getpgrp())
+                device=str(tensor.device), pid=os.getpid(), group=os.getpgrp(), parent=os.getppid())
 
 
 def test_returns_replica_zero_value_on_the_cpu(pids: Path) -> None:
@@ -125,8 +126,8 @@ def test_two_launches_in_a_row(pids: Path) -> None:
 
 
 def test_num_processes_every_device_or_refused_with_the_values_that_work() -> None:
-    assert make_plan(detect(), num_processes=None).world_size == 1
-    assert make_plan(detect(), num_processes=1).world_size == 1
+    assert make_plan(detect(), LaunchOptions(num_processes=None)).world_size == 1
+    assert make_plan(detect(), LaunchOptions(num_processes=1)).world_size == 1
     with pytest.raises(ValueError, match=r"num_processes=3 .*use None or 1 \(every device\) or 1"):
         xlaunch.notebook_launcher(compute, ("unused", 1.0), num_processes=3)
 
@@ -135,12 +136,12 @@ def test_one_replica_of_several_devices_runs_in_the_leader(
         pids: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``nprocs=1``: torch_xla runs the function in the spawning process, here the leader."""
     monkeypatch.setenv("CPU_NUM_DEVICES", "2")
-    plan = make_plan(detect(), num_processes=1)
-    assert (plan.xla_nprocs, plan.world_size) == (1, 1)
+    plan = make_plan(detect(), LaunchOptions(num_processes=1))
+    assert (plan.spec.nprocs, plan.world_size) == (1, 1)
     result = xlaunch.notebook_launcher(compute, (str(pids), 5.0), num_processes=1)
     assert result["tensor"].tolist() == [0.0, 5.0, 10.0, 15.0]
     assert (result["rank"], result["world"]) == (0, 1)
-    assert result["group"] == result["pid"] != os.getpid()  # the leader itself
+    assert result["parent"] == os.getpid() != result["pid"]  # the leader itself
 
 
 def raise_it(message: str) -> None:
@@ -231,9 +232,10 @@ def environment_probe() -> dict[str, str | None]:
 def test_plan_variables_set_and_unset_in_the_workers_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """How Kaggle's preset TPU_PROCESS_ADDRESSES is removed: in the launch, not in the caller."""
     monkeypatch.setenv("XLAUNCH_TEST_PRESET", "local")
-    plan = dataclasses.replace(make_plan(detect()), unset_env=("XLAUNCH_TEST_PRESET",),
+    plan = make_plan(detect())
+    spec = dataclasses.replace(plan.spec, unset_env=("XLAUNCH_TEST_PRESET",),
                                worker_env={"XLAUNCH_TEST_LAYOUT": "1,1,1"})
-    assert xla_backend.launch(plan, environment_probe, ()) == {
+    assert xla_backend.launch(dataclasses.replace(plan, spec=spec), environment_probe, ()).result == {
         "XLAUNCH_TEST_PRESET": None, "XLAUNCH_TEST_LAYOUT": "1,1,1", "XLAUNCH_WORLD": "xla",
         "XLAUNCH_MIXED_PRECISION": "no"}
     assert os.environ["XLAUNCH_TEST_PRESET"] == "local"

@@ -1,6 +1,6 @@
 """One process: the caller's own. No engine, no fork, the function runs where it was called.
 
-It still keeps the launcher's promises: the worker sees the plan's mixed precision, a failure
+It still keeps the launcher's promises: the function sees the plan's mixed precision, a failure
 arrives as `LaunchError` (the original exception chained below it), and ``timeout`` interrupts
 the function in the calling thread and reports where it stood.
 """
@@ -8,45 +8,42 @@ the function in the calling thread and reports where it stood.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..errors import LaunchError, LaunchTimeout, ProcessFailure
+from .. import _compat
+from ..errors import ProcessFailure
+from ..outcome import Outcome, RankExit
 from ..plan import LaunchPlan
-from ..worker import MIXED_PRECISION_VAR, to_cpu
+from ..worker import MIXED_PRECISION_VAR, RESTART_VAR, to_cpu
 
 
 class _Expired(BaseException):
     """Raised in the caller's thread when the timeout passes; never escapes this module."""
 
 
-def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
     stack: list[str] = []
+    one = dict(path="inline", world_size=1, timeout=plan.timeout)
     try:
-        with _environment({MIXED_PRECISION_VAR: plan.mixed_precision, **plan.worker_env}), \
+        with _environment({MIXED_PRECISION_VAR: plan.mixed_precision, RESTART_VAR: "0"}), \
                 _deadline(plan.timeout, stack):
             result = function(*args)
     except _Expired:
-        failure = ProcessFailure(rank=0, pid=os.getpid(), stack="".join(stack))
-        raise LaunchTimeout(
-            f"the function did not finish within timeout={plan.timeout} s and was interrupted",
-            [failure],
-        ) from None
+        stopped = RankExit(rank=0, pid=os.getpid(), signals_sent=frozenset({signal.SIGALRM}),
+                           stack="".join(stack))
+        return Outcome(exits=(stopped,), timed_out=True, **one)  # type: ignore[arg-type]
     except Exception as error:
-        failure = ProcessFailure(
-            rank=0, pid=os.getpid(), exitcode=1, exc_type=type(error).__qualname__,
-            message=str(error), timestamp_ns=time.time_ns(),
-            traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)),
-        )
-        raise LaunchError("the launch failed: rank 0 raised", [failure]) from error
-    return to_cpu(result)
+        record = ProcessFailure.from_exception(error, rank=0, skip_frames=1)
+        failed = RankExit(rank=0, pid=os.getpid(), exitcode=1, record=record)
+        return Outcome(exits=(failed,), exception=error, **one)  # type: ignore[arg-type]
+    return Outcome(exits=(RankExit(rank=0, pid=os.getpid(), exitcode=0),), result=to_cpu(result),
+                   **one)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager
@@ -87,8 +84,7 @@ def _deadline(timeout: float | None, stack: list[str]) -> Iterator[None]:
         if in_main:
             signal.pthread_kill(caller, signal.SIGALRM)
         else:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(caller),
-                                                       ctypes.py_object(_Expired))
+            _compat.raise_in_thread(caller, _Expired)
 
     def on_alarm(signum: int, frame: Any) -> None:
         raise _Expired

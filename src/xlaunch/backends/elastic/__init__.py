@@ -1,0 +1,49 @@
+"""GPUs and CPU processes, carried out by torch elastic's agent.
+
+The engine (`torch.distributed.elastic`) starts, watches, restarts and stops the workers. What this
+package adds is what users of the engine run into:
+
+- Root cause first: workers record their own exception (worker.py), and every process's exit
+  status and the signals sent to it are kept, so `outcome.judge` can name the rank that failed.
+- A single-node launch opens no socket beyond loopback. The engine's static rendezvous starts a
+  TCPStore listening on every interface; here one node rendezvouses through a `FileStore` in the
+  launch's private directory (a rendezvous backend registered with the engine), workers form their
+  process group through another `FileStore`, and gloo/NCCL are told to use the loopback interface.
+- A whole-launch ``timeout`` that dumps each rank's Python stack before stopping it, and a stop
+  button that works at any moment (supervise.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...launch_dir import LaunchDir
+from ...outcome import Outcome
+from ...plan import ElasticSpec, LaunchPlan
+from ...worker import check_picklable
+from ..supervise import supervise
+from .engine import EngineRun
+
+
+def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
+    """Run ``function(*args)`` in every worker of this node; local rank 0's result in the outcome."""
+    assert isinstance(plan.spec, ElasticSpec)
+    if plan.spec.start_method != "fork":
+        check_picklable(function, args)
+    launch_dir = LaunchDir.create()
+    run = EngineRun(plan, function, args, launch_dir)
+    try:
+        timed_out = supervise(run, plan.timeout)
+        attempts = run.attempts(timed_out)
+    finally:
+        run.end()
+        launch_dir.remove()
+    results = run.results or {}
+    return Outcome(
+        path="elastic", world_size=plan.world_size,
+        exits=attempts[-1] if attempts else (), earlier_attempts=tuple(attempts[:-1]),
+        # Keyed by global rank: this node's local rank 0 holds the smallest of its ranks.
+        result=results[min(results)] if results else None,
+        timed_out=timed_out, timeout=plan.timeout,
+        exception=run.engine_error)

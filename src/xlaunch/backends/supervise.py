@@ -1,0 +1,83 @@
+"""The caller's side of a launch that starts processes: wait, time out, stop - at any moment.
+
+Everything that forks, imports torch or waits on the engine runs in a launch thread. The caller's
+own thread only waits on it, so the stop button (SIGINT, raised as KeyboardInterrupt in the main
+thread) never lands inside a fork, an at-fork hook or a half-finished import of torch, where it
+would be swallowed or leave a broken module behind. When it lands, the launch is stopped and the
+interrupt raised; a launch that had not started any process yet is abandoned at once (its thread
+finishes the import it was in and starts nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+POLL_S = 0.05
+
+
+class Supervised(Protocol):
+    """What a backend's launch offers its supervisor."""
+
+    def run(self) -> None:
+        """In the launch thread: start everything and return once every process has ended."""
+
+    def check(self) -> None:
+        """In the caller's thread, each poll: any decision that needs a clock (a grace period)."""
+
+    def expire(self) -> None:
+        """The timeout passed: note where each rank stands, then stop everything."""
+
+    def stop(self) -> bool:
+        """Interrupted: stop everything; True when processes may exist, to wait for them."""
+
+
+def supervise(launch: Supervised, timeout: float | None) -> bool:
+    """Run ``launch`` to its end in a launch thread; True when the timeout stopped it."""
+    # An Event, not Thread.join: a Ctrl-C landing in join() marks a running thread as finished
+    # (CPython 3.11, bpo-45274's fix releases the thread's own lock).
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            launch.run()
+        finally:
+            finished.set()
+
+    thread = threading.Thread(target=run, name="xlaunch-launch")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    timed_out = False
+    try:
+        thread.start()
+        while not finished.wait(POLL_S):
+            launch.check()
+            if not timed_out and deadline is not None and time.monotonic() >= deadline:
+                timed_out = True
+                launch.expire()
+    except BaseException:
+        with signals_deferred():
+            if launch.stop():
+                finished.wait()
+        raise
+    thread.join()  # the thread has finished its work; this only lets it end
+    return timed_out
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold off a second Ctrl-C while a stop is cleaning up; it is raised when the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: caught.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt

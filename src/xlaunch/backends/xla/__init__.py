@@ -1,0 +1,83 @@
+"""TPU cores (and XLA's CPU/GPU devices) through torch_xla's ``xmp.spawn``.
+
+The caller never touches the XLA runtime: it forks a launch leader (leader.py), which calls
+``xmp.spawn``; every process of the launch sits in one process group the caller can end at once.
+Everything torch_xla-specific is in this package, imported inside functions (it takes seconds to
+import and may query the TPU metadata server), so a successor runtime can sit beside it.
+
+Modules: `replica` (what each replica runs), `leader` (the forked leader and its pool), `handle`
+(the caller's side of one attempt), `tail` (the launch's stderr), `tpu_node` (legacy TPU Nodes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ... import _compat
+from ...launch_dir import LaunchDir
+from ...outcome import Outcome, RankExit, judge
+from ...plan import LaunchPlan, XlaSpec
+from ...worker import MIXED_PRECISION_VAR, WORLD_VAR, WorkerSetup, check_picklable
+from ..supervise import supervise
+from .handle import LeaderRun
+from .replica import Job
+from .tpu_node import prepare_tpu_node
+
+
+def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
+    """Run ``function(*args)`` on every replica of ``plan``; replica 0's result in the outcome."""
+    spec = plan.spec
+    assert isinstance(spec, XlaSpec)
+    refuse_initialised_runtime()
+    if spec.start_method != "fork":
+        check_picklable(function, args)
+    env = {WORLD_VAR: "xla", MIXED_PRECISION_VAR: plan.mixed_precision, **spec.worker_env}
+    if spec.legacy_tpu_node:  # configured (or refused) before anything starts
+        env.update(prepare_tpu_node(os.environ))
+    launch_dir = LaunchDir.create()
+    setup = WorkerSetup(
+        launch_dir.path, env,
+        # Two replicas sharing a process (v2/v3 threads) would share one prefixed stdout.
+        line_prefix=spec.line_prefix if spec.threads_per_process == 1 else None,
+        prefix_single=spec.line_prefix != XlaSpec.line_prefix)
+    deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
+    earlier: list[tuple[RankExit, ...]] = []
+    try:
+        for attempt in range(getattr(spec, "max_restarts", 0) + 1):
+            outcome = _attempt(plan, Job(function, args, setup, attempt), deadline)
+            outcome = dataclasses.replace(outcome, earlier_attempts=tuple(earlier))
+            if outcome.timed_out or judge(outcome) is None:
+                return outcome
+            earlier.append(outcome.exits)
+        return outcome
+    finally:
+        launch_dir.remove()
+
+
+def _attempt(plan: LaunchPlan, job: Job, deadline: float | None) -> Outcome:
+    run = LeaderRun(plan, job)
+    remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
+    try:
+        timed_out = supervise(run, remaining)
+        exits, failure, result = run.exits(), run.leader_failure(), run.result()
+    finally:
+        run.end()
+    return Outcome(path="xla", world_size=plan.world_size, exits=exits, result=result,
+                   timed_out=timed_out, timeout=plan.timeout,
+                   leader_failure=failure if not timed_out else None)
+
+
+def refuse_initialised_runtime() -> None:
+    if not _compat.xla_runtime_is_initialized():
+        return
+    raise RuntimeError(
+        "The XLA runtime is already initialised in this process, and torch_xla cannot start "
+        "replicas after that. Something in an earlier cell used the XLA device: an XLA tensor or "
+        "model (.to(torch_xla.device())), torch_xla.device() / xm.xla_device(), or an ordinal or "
+        "world-size query (xr.global_ordinal(), xr.world_size()). Restart the kernel and launch "
+        "before any cell touches the XLA device (do that work inside the launched function)."
+    )

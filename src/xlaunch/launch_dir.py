@@ -1,0 +1,184 @@
+"""The private directory each launch keeps its workers' reports in.
+
+Workers report through files rather than pipes: a record written before a worker exits survives
+however that worker then dies, and a stack dumped by `faulthandler` lands there even when the
+worker is stuck inside a C++ collective. The directory is made 0700 by this user, so nothing
+another local user writes can be read back as a report; the caller reads it once the workers are
+done and removes it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ProcessFailure
+
+PREFIX = "xlaunch-"
+STACK_SIGNAL = signal.SIGUSR1
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write ``path`` so a reader sees the whole content or nothing, never half of it."""
+    partial = path.with_name(path.name + ".partial")
+    if isinstance(data, bytes):
+        partial.write_bytes(data)
+    else:
+        partial.write_text(data)
+    partial.replace(path)
+
+
+@dataclass(frozen=True)
+class LaunchDir:
+    """One launch's directory; ``attempt-N`` folders separate restarts of the workers."""
+
+    path: str
+
+    @classmethod
+    def create(cls) -> LaunchDir:
+        """A fresh directory named after this process; leftovers of dead launchers are swept.
+
+        A launcher killed outright (SIGKILL, a kernel restart) cannot remove its directory; the
+        next launch by the same user does, once the process that made it is gone.
+        """
+        sweep_stale(Path(tempfile.gettempdir()))
+        return cls(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
+
+    def attempt_path(self, attempt: int) -> Path:
+        return Path(self.path) / f"attempt-{attempt}"
+
+    def attempt_dir(self, attempt: int) -> Path:
+        folder = self.attempt_path(attempt)
+        folder.mkdir(exist_ok=True)
+        return folder
+
+    def attempts(self) -> list[Path]:
+        """Every attempt's folder, oldest first."""
+        found = Path(self.path).glob("attempt-*")
+        return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+    def latest_attempt(self) -> Path | None:
+        attempts = self.attempts()
+        return attempts[-1] if attempts else None
+
+    @property
+    def cancel_marker(self) -> Path:
+        return Path(self.path) / "cancelled"
+
+    def cancel(self) -> None:
+        self.cancel_marker.touch()
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def sweep_stale(temp: Path) -> None:
+    """Remove launch directories this user owns whose launcher process is gone."""
+    uid = os.getuid()
+    for stale in temp.glob(f"{PREFIX}*-*"):
+        owner = stale.name[len(PREFIX):].split("-")[0]
+        try:
+            info = stale.lstat()
+        except OSError:
+            continue
+        if (info.st_uid != uid or not stat.S_ISDIR(info.st_mode) or not owner.isdigit()
+                or _process_exists(int(owner))):
+            continue
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def write_pid(attempt: Path, rank: int, local_rank: int) -> None:
+    atomic_write(attempt / f"pid-{rank}", f"{os.getpid()} {local_rank}")
+
+
+def worker_pids(attempt: Path) -> dict[int, int]:
+    """rank -> pid of the workers that started in this attempt."""
+    return {rank: pid for rank, (pid, _) in worker_places(attempt).items()}
+
+
+def worker_places(attempt: Path) -> dict[int, tuple[int, int]]:
+    """rank -> (pid, local rank) of the workers that started in this attempt."""
+    places = {}
+    for pid_file in attempt.glob("pid-*"):
+        try:
+            pid, local_rank = pid_file.read_text().split()
+            places[int(pid_file.name[4:])] = (int(pid), int(local_rank))
+        except (ValueError, OSError):
+            continue
+    return places
+
+
+def record_failure(attempt: Path, failure: ProcessFailure) -> None:
+    atomic_write(attempt / f"failure-{failure.rank}.json", failure.to_json())
+
+
+def read_failures(attempt: Path | None) -> dict[int, ProcessFailure]:
+    """The failure records workers wrote in one attempt, by rank."""
+    records: dict[int, ProcessFailure] = {}
+    if attempt is None:
+        return records
+    for path in attempt.glob("failure-*.json"):
+        try:
+            record = ProcessFailure.from_json(path.read_text(), error_file=str(path))
+        except (OSError, ValueError, TypeError):
+            continue
+        records[record.rank] = record
+    return records
+
+
+def read_stacks(attempt: Path) -> dict[int, str]:
+    stacks = {}
+    for stack_file in attempt.glob("stack-*"):
+        try:
+            stacks[int(stack_file.name[6:])] = user_frames_first(stack_file.read_text())
+        except (ValueError, OSError):
+            continue
+    return stacks
+
+
+def dump_stacks(attempt: Path, pids: dict[int, int], wait: float = 2.0) -> dict[int, str]:
+    """Ask each live worker for its Python stack (faulthandler) and collect what arrives."""
+    asked = {}
+    for rank, pid in pids.items():
+        try:
+            os.kill(pid, STACK_SIGNAL)
+            asked[rank] = pid
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        stacks = read_stacks(attempt)
+        if all(stacks.get(rank) for rank in asked):
+            break
+        time.sleep(0.02)
+    return {rank: text for rank, text in read_stacks(attempt).items() if rank in asked}
+
+
+LAUNCHER_FILES = ("/xlaunch/worker.py", "/xlaunch/backends/")
+
+
+def user_frames_first(dump: str) -> str:
+    """Keep the frames of the user's code: drop the launcher and engine frames below them."""
+    kept = []
+    for line in dump.splitlines():
+        if line.lstrip().startswith("File ") and any(name in line for name in LAUNCHER_FILES):
+            break
+        if line.strip() and not line.startswith("Current thread"):
+            kept.append(line)
+    return "\n".join(kept)

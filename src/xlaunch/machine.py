@@ -1,0 +1,59 @@
+"""How many processes this machine can hold: cores and memory, read before anything starts."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PROCESSES_PER_CORE = 8  # CPU processes beyond this share a core so thinly that nothing trains
+MEMORY_PER_PROCESS = 256 * 2**20  # a CPU worker with torch imported and a process group formed
+
+
+@dataclass(frozen=True)
+class Machine:
+    cores: int
+    memory_available: int | None  # bytes a new process could still take; None when unknown
+
+    @classmethod
+    def here(cls, root: str = "/") -> Machine:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:
+            cores = os.cpu_count() or 1
+        return cls(cores, _memory_available(Path(root)))
+
+    def check_cpu_processes(self, count: int) -> None:
+        """Refuse, with the numbers, a count of CPU processes this machine cannot hold."""
+        most = PROCESSES_PER_CORE * self.cores
+        if count > most:
+            raise ValueError(
+                f"num_processes={count} CPU processes on {self.cores} core(s) is more than this "
+                f"machine can run usefully (at most {most}, {PROCESSES_PER_CORE} per core)")
+        if self.memory_available is not None and count * MEMORY_PER_PROCESS > self.memory_available:
+            fits = max(1, self.memory_available // MEMORY_PER_PROCESS)
+            raise ValueError(
+                f"num_processes={count} CPU processes need about {count * MEMORY_PER_PROCESS >> 20}"
+                f" MiB ({MEMORY_PER_PROCESS >> 20} MiB each) and this machine has "
+                f"{self.memory_available >> 20} MiB available; use at most {fits}")
+
+
+def _memory_available(root: Path) -> int | None:
+    """MemAvailable, or the container's memory limit less its use when that is smaller."""
+    available = None
+    try:
+        for line in (root / "proc" / "meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    cgroup = root / "sys" / "fs" / "cgroup"
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        used = int((cgroup / "memory.current").read_text())
+        if limit != "max":
+            room = int(limit) - used
+            available = room if available is None else min(available, room)
+    except (OSError, ValueError):
+        pass
+    return available

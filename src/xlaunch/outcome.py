@@ -1,0 +1,177 @@
+"""What a launch left, as data, and the one function that judges it.
+
+Every backend carries out its plan and returns an `Outcome`: the result, and for each rank what
+its process left - the record it wrote about its own exception, the status it exited with, the
+signals the launcher or its engine sent it, its stack at a timeout. `judge` turns that into the
+`LaunchError` or `LaunchTimeout` users read, or nothing when the launch succeeded.
+
+The root cause is decided from those facts alone, never from when a thread happened to look:
+
+- a rank that died by a signal nobody in the launch sent it (the OOM killer's SIGKILL, a SIGSEGV,
+  an abort) failed on its own: a process does not die of a peer's Python exception;
+- a rank that raised failed on its own, unless its error says it lost a peer ("connection closed
+  by peer"): that is the consequence of another rank's failure, never its cause;
+- a rank the launcher or the engine stopped (it died of the signal it was sent) is never the cause;
+- among ranks that raised on their own, the earliest record (the rank's own clock) comes first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import (
+    DIED,
+    LEADER,
+    LOST_PEER,
+    RAISED,
+    STOPPED,
+    TIMED_OUT,
+    LaunchError,
+    LaunchTimeout,
+    ProcessFailure,
+    rank_ranges,
+)
+
+CANCELLED_EXIT = 75  # a worker that found its launch already stopped exits at once with this
+
+# How gloo, NCCL and XLA report that a peer went away: the consequence of a failure, never its cause.
+PEER_LOSS = ("closed by peer", "reset by peer", "broken pipe", "remote process exited",
+             "communicator was aborted", "connection refused", "connection closed",
+             "peer closed", "socket closed")
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """What one rank's process left when it ended, or when the launch ended it."""
+
+    rank: int
+    pid: int | None = None
+    exitcode: int | None = None  # None: not seen ending (still running, or unknown); <0: signal
+    record: ProcessFailure | None = None  # the rank's own record of an exception it raised
+    signals_sent: frozenset[int] = frozenset()  # what the launcher or its engine sent it
+    stack: str = ""  # where it stood when it was stopped at the timeout
+    stderr_tail: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Everything one launch left; plain data, so `judge` can be tested without processes."""
+
+    path: str  # "xla", "elastic" or "inline"
+    world_size: int
+    exits: tuple[RankExit, ...] = ()
+    result: Any = None
+    timed_out: bool = False
+    timeout: float | None = None
+    leader_failure: ProcessFailure | None = None  # the launch failed before any worker ran
+    earlier_attempts: tuple[tuple[RankExit, ...], ...] = ()  # restarted attempts, oldest first
+    exception: BaseException | None = field(default=None, compare=False)  # inline: the original
+    report: Any = None  # the LaunchReport of the workers that ran
+
+
+def classify(rank_exit: RankExit, timed_out: bool) -> str | None:
+    """Why this rank belongs in a failure report, or None when it finished (or was never hurt)."""
+    record = rank_exit.record
+    if record is not None:
+        return LOST_PEER if lost_a_peer(record) else RAISED
+    code = rank_exit.exitcode
+    if code == CANCELLED_EXIT:
+        return STOPPED
+    if code is None:  # never seen ending: it was still running when the launch stopped it
+        return TIMED_OUT if timed_out else (STOPPED if rank_exit.signals_sent else None)
+    if code == 0:
+        return None
+    if rank_exit.signals_sent and not (code < 0 and -code not in rank_exit.signals_sent):
+        return TIMED_OUT if timed_out else STOPPED
+    return DIED
+
+
+def lost_a_peer(record: ProcessFailure) -> bool:
+    text = f"{record.exc_type}: {record.message}".lower()
+    return any(sign in text for sign in PEER_LOSS)
+
+
+def failures_of(exits: Sequence[RankExit], timed_out: bool) -> list[ProcessFailure]:
+    """The failed ranks of one attempt, root cause first."""
+    failures = []
+    for rank_exit in exits:
+        cause = classify(rank_exit, timed_out)
+        if cause is not None:
+            failures.append(_failure(rank_exit, cause))
+    return sorted(failures, key=_precedence)
+
+
+_ORDER = {LEADER: 0, DIED: 1, RAISED: 2, LOST_PEER: 3, STOPPED: 4, TIMED_OUT: 4}
+
+
+def _precedence(failure: ProcessFailure) -> tuple[int, int, int]:
+    timed = failure.cause in (RAISED, LOST_PEER)
+    return (_ORDER[failure.cause], failure.timestamp_ns if timed else 0, failure.rank)
+
+
+def _failure(rank_exit: RankExit, cause: str) -> ProcessFailure:
+    base = rank_exit.record or ProcessFailure(rank=rank_exit.rank)
+    message = base.message
+    if cause == DIED and not base.exc_type:
+        message = ("ended without raising a Python exception: killed by a signal nobody in the "
+                   "launch sent (the out-of-memory killer does this) or a crash"
+                   if (rank_exit.exitcode or 0) < 0 else
+                   "ended without raising a Python exception in the function: os._exit(), or "
+                   "an error before the function started (its stderr says which)")
+    return dataclasses.replace(
+        base, rank=rank_exit.rank, pid=rank_exit.pid or base.pid,
+        exitcode=rank_exit.exitcode if rank_exit.exitcode is not None else base.exitcode,
+        message=message, stack=rank_exit.stack, stderr_tail=rank_exit.stderr_tail, cause=cause)
+
+
+def judge(outcome: Outcome) -> LaunchError | None:
+    """The error this outcome amounts to, or None when the launch succeeded."""
+    earlier = [failures_of(attempt, False) for attempt in outcome.earlier_attempts]
+    if outcome.leader_failure is not None:
+        leader = dataclasses.replace(outcome.leader_failure, cause=LEADER)
+        return LaunchError(f"the {outcome.path} launch failed before any worker ran",
+                           [leader], earlier_attempts=earlier, report=outcome.report)
+    failures = failures_of(outcome.exits, outcome.timed_out)
+    if outcome.timed_out:
+        return LaunchTimeout(_timeout_summary(outcome, failures), failures,
+                             earlier_attempts=earlier, report=outcome.report)
+    if not failures:
+        return None
+    return LaunchError(_summary(outcome, failures), failures, earlier_attempts=earlier,
+                       report=outcome.report)
+
+
+def _summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:
+    own = [f for f in failures if not f.secondary]
+    lead = own[0] if own else failures[0]
+    text = f"the launch failed: {rank_ranges([lead.rank])} {_verb(lead)}"
+    others = len({f.rank for f in failures}) - 1
+    if others:
+        text += f"; {others} other rank{'s' if others > 1 else ''} of {outcome.world_size} failed"
+    return text
+
+
+def _verb(failure: ProcessFailure) -> str:
+    if failure.cause == DIED:
+        return f"ended without an exception ({failure.exit_cause})"
+    if failure.exc_type:
+        return f"raised {failure.exc_type}"
+    return failure.exit_cause
+
+
+def _timeout_summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:
+    stopped = [f for f in failures if f.cause == TIMED_OUT]
+    where = "" if stopped else " (no worker had started yet)"
+    return (f"the launch did not finish within timeout={outcome.timeout} s and was "
+            f"stopped{where}")
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

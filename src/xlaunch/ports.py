@@ -1,0 +1,42 @@
+"""The port workers see as MASTER_PORT, chosen before anything starts."""
+
+from __future__ import annotations
+
+import socket
+
+
+def choose_port(use_port: str | int, is_default: bool, master_addr: str, *, loopback: bool,
+                owner: bool) -> int:
+    """The port to use: the given one when free; a free one when the default is taken on one node.
+
+    A port the user named that is taken is an error naming it. Only node 0 (``owner``) listens
+    there; other nodes take the port they were given.
+    """
+    port = int(use_port)
+    if not owner:
+        return port
+    # With several nodes the engine's store listens on every interface of node 0.
+    host = "127.0.0.1" if loopback else ""
+    if port_free(host, port):
+        return port
+    if is_default and loopback:
+        return free_port(host)
+    raise RuntimeError(
+        f"port {port} on {host or master_addr} is already in use (use_port={str(use_port)!r}): "
+        "another launch or program holds it. Pass another use_port"
+        + (", or leave use_port at its default to pick a free port." if loopback else "."))
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1" if host == "localhost" else host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])

@@ -1,0 +1,179 @@
+"""The one decision: which rank failed first, judged from facts, tested as tables of outcomes.
+
+No process starts here. Each rank is given one of the ends a real launch produces; every
+combination for 2 to 4 ranks, and seeded samples up to 8, must satisfy the rules below, whatever
+order the ranks are listed in and whatever ties their clocks show.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import random
+import signal
+
+import pytest
+
+from xlaunch.errors import LaunchError, LaunchTimeout, ProcessFailure, rank_ranges
+from xlaunch.outcome import CANCELLED_EXIT, Outcome, RankExit, judge
+
+TERM, KILL, SEGV, ABRT = signal.SIGTERM, signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT
+
+
+def record(rank, when, exc_type="ValueError", message="bad batch"):
+    return ProcessFailure(rank=rank, pid=100 + rank, exitcode=1, exc_type=exc_type,
+                          message=message, timestamp_ns=when,
+                          traceback=f"Traceback ...\n{exc_type}: {message}\n")
+
+
+# Each end a rank's process can come to, as (kind, maker). ``when`` is the rank's own clock.
+ENDS = {
+    "raised": lambda r, when: RankExit(r, 100 + r, 1, record(r, when)),
+    "raised-other": lambda r, when: RankExit(r, 100 + r, 1, record(r, when, "KeyError", "'x'")),
+    "lost-peer": lambda r, when: RankExit(r, 100 + r, 1, record(
+        r, when, "RuntimeError", "[pair.cc:537] Read error: Connection reset by peer")),
+    "killed-itself": lambda r, when: RankExit(r, 100 + r, -KILL),
+    "segfault-after-term": lambda r, when: RankExit(r, 100 + r, -SEGV, signals_sent=frozenset({TERM})),
+    "exit-3": lambda r, when: RankExit(r, 100 + r, 3),
+    "stopped": lambda r, when: RankExit(r, 100 + r, -TERM, signals_sent=frozenset({TERM})),
+    "stopped-hard": lambda r, when: RankExit(r, 100 + r, -KILL, signals_sent=frozenset({TERM, KILL})),
+    "cancelled": lambda r, when: RankExit(r, 100 + r, CANCELLED_EXIT),
+    "finished": lambda r, when: RankExit(r, 100 + r, 0),
+}
+DIED = {"killed-itself", "segfault-after-term", "exit-3"}
+RAISED = {"raised", "raised-other"}
+SECONDARY = {"lost-peer", "stopped", "stopped-hard", "cancelled"}
+
+
+def expected_root(kinds, whens):
+    """The rules, written out: a death nobody sent, then the earliest raise, then a lost peer."""
+    died = [r for r, kind in enumerate(kinds) if kind in DIED]
+    if died:
+        return min(died)
+    for group in (RAISED, {"lost-peer"}):
+        ranks = [r for r, kind in enumerate(kinds) if kind in group]
+        if ranks:
+            return min(ranks, key=lambda r: (whens[r], r))
+    return None
+
+
+def check(kinds, whens, shuffle_seed=0, timed_out=False):
+    exits = [ENDS[kind](rank, when) for rank, (kind, when) in enumerate(zip(kinds, whens, strict=True))]
+    random.Random(shuffle_seed).shuffle(exits)  # the order ranks are listed in must not matter
+    error = judge(Outcome("elastic", len(kinds), tuple(exits), timed_out=timed_out, timeout=5))
+    failed = [r for r, kind in enumerate(kinds) if kind != "finished"]
+    if timed_out:
+        assert isinstance(error, LaunchTimeout)
+    elif not failed:
+        assert error is None
+        return
+    assert error is not None
+    assert sorted(f.rank for f in error.failures) == failed  # every failed rank, once
+    root = expected_root(kinds, whens)
+    assert (error.root_cause.rank if error.root_cause else None) == root, (kinds, whens)
+    for failure in error.failures:
+        assert failure.secondary == (kinds[failure.rank] in SECONDARY), (kinds, failure)
+    if root is not None:
+        assert str(error).splitlines()[2].startswith("[root cause] rank")
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_every_combination_of_ends(size):
+    for kinds in itertools.product(ENDS, repeat=size):
+        for whens in ((100,) * size, tuple(range(size * 10, 0, -10))):  # all tied; reversed
+            check(kinds, whens, shuffle_seed=size)
+
+
+@pytest.mark.parametrize("size", [5, 6, 7, 8])
+def test_seeded_samples_up_to_eight_ranks(size):
+    rng = random.Random(size)
+    for sample in range(400):
+        kinds = [rng.choice(list(ENDS)) for _ in range(size)]
+        whens = [rng.choice((100, 200, 300)) for _ in range(size)]  # ties on purpose
+        check(kinds, whens, shuffle_seed=sample, timed_out=sample % 7 == 0)
+
+
+def test_a_killed_rank_outranks_the_peer_whose_connection_it_broke():
+    error = judge(Outcome("elastic", 2, (
+        ENDS["lost-peer"](0, 50), ENDS["killed-itself"](1, 0))))
+    assert error.root_cause.rank == 1 and error.root_cause.exitcode == -KILL
+    assert "without raising a Python exception" in str(error)
+    assert error.failures[1].cause == "lost-peer" and error.failures[1].secondary
+
+
+def test_a_rank_stopped_by_the_launcher_is_never_the_cause():
+    error = judge(Outcome("elastic", 2, (ENDS["stopped"](0, 0), ENDS["raised"](1, 900))))
+    assert error.root_cause.rank == 1
+    assert "[secondary: stopped by the launcher] rank 0" in str(error)
+
+
+def test_only_stopped_ranks_have_no_root_cause():
+    error = judge(Outcome("elastic", 2, (ENDS["stopped"](0, 0), ENDS["cancelled"](1, 0))))
+    assert error.root_cause is None and error.exitcode == 1
+
+
+def test_eight_cores_hitting_one_bug_are_one_entry_with_one_traceback():
+    exits = tuple(ENDS["raised"](rank, 100 + rank) for rank in range(8))
+    text = str(judge(Outcome("xla", 8, exits)))
+    assert "[root cause] ranks 0-7: ValueError: bad batch" in text
+    assert text.count("Traceback") == 1
+
+
+def test_two_different_errors_are_both_failures_in_their_own_right():
+    error = judge(Outcome("elastic", 3, (
+        ENDS["raised"](0, 200), ENDS["raised-other"](2, 100), ENDS["stopped"](1, 0))))
+    assert [f.rank for f in error.failures] == [2, 0, 1]
+    assert [f.secondary for f in error.failures] == [False, False, True]
+    text = str(error)
+    assert "[root cause] rank 2 (pid 102): KeyError" in text
+    assert "[failed] rank 0 (pid 100): ValueError: bad batch" in text
+    assert "secondary" not in text.split("[secondary")[0].split("[failed]")[1]
+
+
+def test_a_timeout_lists_every_rank_with_where_it_stood():
+    exits = (RankExit(1, 8, None, signals_sent=frozenset({KILL}), stack='  File "t.py", line 9'),
+             RankExit(0, 7, None, signals_sent=frozenset({KILL}), stack='  File "t.py", line 4'))
+    error = judge(Outcome("elastic", 2, exits, timed_out=True, timeout=3))
+    text = str(error)
+    assert isinstance(error, LaunchTimeout) and "timeout=3 s" in text
+    assert text.index("[stopped at the timeout] rank 0 (pid 7)") < text.index("rank 1 (pid 8)")
+    assert "line 9" in text and error.root_cause is None
+
+
+def test_a_timeout_before_any_worker_started():
+    error = judge(Outcome("elastic", 2, (), timed_out=True, timeout=3))
+    assert isinstance(error, LaunchTimeout) and "no worker had started" in str(error)
+
+
+def test_a_leader_failure_is_the_root_cause():
+    leader = ProcessFailure(rank=0, pid=5, exc_type="ModuleNotFoundError",
+                            message="No module named 'torch_xla'")
+    error = judge(Outcome("xla", 8, (), leader_failure=leader))
+    assert error.root_cause.cause == "leader" and "before any worker ran" in str(error)
+
+
+def test_earlier_attempts_are_kept_and_shown():
+    first = (ENDS["raised"](0, 1), ENDS["stopped"](1, 0))
+    error = judge(Outcome("elastic", 2, (ENDS["killed-itself"](1, 0), ENDS["stopped"](0, 0)),
+                          earlier_attempts=(first,)))
+    assert error.earlier_attempts[0][0].rank == 0
+    assert "attempt 1 (restarted) failed first with rank 0 (pid 100): ValueError" in str(error)
+
+
+def test_errors_pickle_with_their_failures():
+    error = judge(Outcome("elastic", 2, (ENDS["raised"](1, 5), ENDS["stopped"](0, 0))))
+    copy = pickle.loads(pickle.dumps(error))
+    assert copy.failures == error.failures and str(copy) == str(error)
+    assert isinstance(copy, LaunchError)
+
+
+def test_the_record_file_format_round_trips_and_tolerates_other_versions():
+    failure = record(3, 42)
+    assert ProcessFailure.from_json(failure.to_json()) == failure
+    newer = failure.to_json()[:-1] + ', "field_from_the_future": 1}'
+    assert ProcessFailure.from_json(newer, error_file="f.json").error_file == "f.json"
+
+
+def test_rank_ranges():
+    assert rank_ranges([5]) == "rank 5"
+    assert rank_ranges([3, 0, 1, 2, 5, 7, 6]) == "ranks 0-3, 5-7"
