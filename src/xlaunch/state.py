@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 from . import _compat
+from .sharing import share_of
 from .worker import MIXED_PRECISION_VAR, RESTART_VAR, WORLD_VAR
 
 P = ParamSpec("P")
@@ -246,17 +247,7 @@ class ProcessState:
         repeating their last item, so that tensors gathered from all ranks have equal shapes.
         """
         world = _current_world()
-        if isinstance(inputs, dict):
-            lengths = {len(value) for value in inputs.values()}
-            if len(lengths) > 1:
-                raise ValueError("split_between_processes: the dict's values must have equal "
-                                 f"lengths, got {sorted(lengths)}")
-            length = lengths.pop() if lengths else 0
-            start, end, padded = _bounds(length, world.rank, world.size, apply_padding)
-            yield {key: _share(value, start, end, padded) for key, value in inputs.items()}
-        else:
-            start, end, padded = _bounds(len(inputs), world.rank, world.size, apply_padding)
-            yield _share(inputs, start, end, padded)
+        yield share_of(inputs, world.rank, world.size, apply_padding)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """`print` on the main process only, so a message appears once, not once per rank."""
@@ -282,36 +273,6 @@ class ProcessState:
 def _check_decorated(function: Any, spelling: str) -> None:
     if function is not None and not callable(function):
         raise TypeError(f"pass the index by keyword, as in {spelling}; got {function!r}")
-
-
-def _bounds(length: int, rank: int, size: int, apply_padding: bool) -> tuple[int, int, int]:
-    """[start, end) of this rank's share, and the length it is padded to (0: no padding)."""
-    base, extra = divmod(length, size)
-    start = rank * base + min(rank, extra)
-    end = start + base + (1 if rank < extra else 0)
-    padded = base + (1 if extra else 0) if apply_padding else 0
-    return start, end, padded
-
-
-def _share(items: Any, start: int, end: int, padded: int) -> Any:
-    loaded_torch = sys.modules.get("torch")  # a tensor can only exist once torch is imported
-    is_tensor = loaded_torch is not None and isinstance(items, loaded_torch.Tensor)
-    if not (is_tensor or isinstance(items, (list, tuple))):
-        raise TypeError("split_between_processes takes a list, tuple, tensor or a dict of them; "
-                        f"got {type(items).__name__}")
-    if is_tensor and items.dim() == 0:
-        raise TypeError("split_between_processes cannot split a 0-dimensional tensor")
-    share = items[start:end]
-    missing = padded - (end - start)
-    if missing <= 0 or len(items) == 0:
-        return share
-    # An empty share (fewer items than ranks) repeats the input's last item instead.
-    filler = share[-1:] if end > start else items[-1:]
-    if is_tensor:
-        import torch
-
-        return torch.cat([share, filler.expand(missing, *filler.shape[1:])])
-    return share + filler * missing
 
 
 def wait_for_everyone() -> None:

@@ -1,0 +1,126 @@
+"""The planner: every option takes effect on the path a launch takes, or is refused by name.
+
+Plans are made for fake machines; nothing starts. Options left at their default are always
+accepted; an option given a value the chosen path would not use is a ValueError naming the
+option and the path, and a value of the wrong type is a TypeError naming the parameter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.fakes import fake_machine
+from xlaunch import notebook_launcher
+from xlaunch.environment import Environment, detect
+from xlaunch.machine import Machine
+from xlaunch.options import LaunchOptions
+from xlaunch.plan import ElasticSpec, InlineSpec, XlaSpec, make_plan
+
+CPU = Environment("local", "cpu", 1)
+ROOMY = Machine(cores=2, memory_available=24 * 2**30)
+
+
+def plan(env: Environment, **options):
+    return make_plan(env, LaunchOptions(**options), ROOMY)
+
+
+@pytest.fixture
+def tpu(tmp_path: Path) -> Environment:
+    return detect({}, root=fake_machine(tmp_path, tpu_chips=8, tpu_device="0x0063", dev="vfio"))
+
+
+def test_each_path_gets_its_own_spec(tpu: Environment) -> None:
+    assert isinstance(plan(CPU).spec, InlineSpec)
+    assert isinstance(plan(CPU, num_processes=2).spec, ElasticSpec)
+    assert isinstance(plan(tpu).spec, XlaSpec) and plan(tpu).world_size == 8
+
+
+@pytest.mark.parametrize("option, value", [
+    ("max_restarts", 1), ("start_method", "spawn"), ("use_port", "1234"),
+    ("monitor_interval", 0.5), ("monitor_interval", 0.1), ("log_line_prefix_template", "${rank}"),
+    ("rdzv_backend", "c10d"), ("rdzv_endpoint", "h:1"), ("rdzv_conf", {"timeout": 5}),
+    ("master_addr", "10.0.0.2"), ("rdzv_id", "job"), ("compile_cache", "/tmp/cache"),
+])
+def test_one_process_in_the_caller_refuses_what_it_cannot_use(option: str, value: object) -> None:
+    with pytest.raises(ValueError, match=rf"{option}=.*not used by the inline launch path"):
+        plan(CPU, **{option: value})
+
+
+@pytest.mark.parametrize("option, value", [
+    ("use_port", "1234"), ("master_addr", "10.0.0.2"), ("rdzv_backend", "c10d"),
+    ("rdzv_endpoint", "h:1"), ("rdzv_conf", {"timeout": 5}), ("rdzv_id", "job"),
+    ("monitor_interval", 0.5), ("max_restarts", 2),
+])
+def test_the_tpu_path_refuses_engine_options(tpu: Environment, option: str, value: object) -> None:
+    with pytest.raises(ValueError, match=rf"{option}=.*not used by the xla launch path"):
+        plan(tpu, **{option: value})
+
+
+def test_the_tpu_path_honours_its_own_options(tpu: Environment) -> None:
+    spec = plan(tpu, start_method="spawn", log_line_prefix_template="<${rank}> ").spec
+    assert isinstance(spec, XlaSpec)
+    assert (spec.start_method, spec.line_prefix) == ("spawn", "<${rank}> ")
+
+
+@pytest.mark.parametrize("option, value", [
+    ("master_addr", "10.0.0.2"), ("rdzv_conf", {"timeout": 5}), ("compile_cache", "/tmp/c"),
+])
+def test_one_machine_on_the_engine_refuses_what_only_several_machines_use(
+        option: str, value: object) -> None:
+    with pytest.raises(ValueError, match=rf"{option}=.*not used by the elastic launch path"):
+        plan(CPU, num_processes=2, **{option: value})
+
+
+def test_one_machine_on_the_engine_takes_every_option_it_uses() -> None:
+    spec = plan(CPU, num_processes=2, rdzv_backend="c10d", rdzv_conf={"timeout": 5},
+                rdzv_id="job", max_restarts=2, monitor_interval=0.1, start_method="spawn",
+                log_line_prefix_template="${rank}: ", compile_cache=False).spec
+    assert isinstance(spec, ElasticSpec)
+    assert (spec.rdzv_backend, dict(spec.rdzv_conf), spec.rdzv_id, spec.max_restarts) == (
+        "c10d", {"timeout": 5}, "job", 2)
+    assert (spec.monitor_interval, spec.start_method, spec.loopback_only) == (0.1, "spawn", True)
+    several = plan(CPU, num_processes=2, num_nodes=2, master_addr="10.0.0.2").spec
+    assert several.master_addr == "10.0.0.2" and not several.loopback_only
+
+
+def test_decisions_live_in_the_plan() -> None:
+    spec = plan(CPU, num_processes=2).spec
+    assert spec.cpu_threads == 1 and spec.socket_ifname == "lo"  # 2 cores / 2 processes
+    assert spec.monitor_interval == 0.01 and spec.port > 0
+
+
+@pytest.mark.parametrize("option, value", [
+    ("timeout", "x"), ("num_processes", "2"), ("num_processes", 2.0), ("num_processes", True),
+    ("mixed_precision", None), ("max_restarts", "1"), ("rdzv_conf", [("a", 1)]),
+    ("report", "yes"), ("monitor_interval", "0.1"), ("use_port", 29500.0),
+])
+def test_a_wrong_type_is_a_type_error_naming_the_parameter(option: str, value: object) -> None:
+    with pytest.raises(TypeError, match=rf"^{option} must be"):
+        LaunchOptions(**{option: value})
+
+
+def test_the_public_call_refuses_a_wrong_type_before_anything_starts() -> None:
+    with pytest.raises(TypeError, match="timeout must be a number of seconds or None, not str"):
+        notebook_launcher(print, timeout="x")
+
+
+def test_more_cpu_processes_than_the_machine_can_hold_are_refused_with_the_numbers() -> None:
+    with pytest.raises(ValueError, match=r"num_processes=1000 .* 2 core\(s\) .*at most 16"):
+        make_plan(CPU, LaunchOptions(num_processes=1000), ROOMY)
+    small = Machine(cores=64, memory_available=1 * 2**30)
+    with pytest.raises(ValueError, match=r"need about 5120 MiB .* 1024 MiB available; use at most 4"):
+        make_plan(CPU, LaunchOptions(num_processes=20), small)
+    assert make_plan(CPU, LaunchOptions(num_processes=4), small).num_processes == 4
+
+
+def test_the_machine_is_read_from_its_files(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 100 kB\nMemAvailable:  2048 kB\n")
+    assert Machine.here(str(tmp_path)).memory_available == 2048 * 1024
+    cgroup = tmp_path / "sys" / "fs" / "cgroup"
+    cgroup.mkdir(parents=True)
+    (cgroup / "memory.max").write_text("1048576\n")
+    (cgroup / "memory.current").write_text("524288\n")
+    assert Machine.here(str(tmp_path)).memory_available == 524288
