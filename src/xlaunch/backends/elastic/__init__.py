@@ -22,7 +22,7 @@ from ...launch_dir import LaunchDir
 from ...outcome import Outcome
 from ...plan import ElasticSpec, LaunchPlan
 from ...worker import check_picklable
-from ..supervise import supervise
+from ..supervise import signals_deferred, supervise
 from .engine import EngineRun
 
 
@@ -32,13 +32,16 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
     if plan.spec.start_method != "fork":
         check_picklable(function, args)
     launch_dir = LaunchDir.create()
-    run = EngineRun(plan, function, args, launch_dir)
+    run = None
     try:
+        run = EngineRun(plan, function, args, launch_dir)
         timed_out = supervise(run, plan.timeout)
         attempts = run.attempts(timed_out)
     finally:
-        run.end()
-        launch_dir.remove()
+        with signals_deferred():  # a second Ctrl-C must not cut the clean-up short
+            if run is not None:
+                run.end()
+            launch_dir.remove()
     results = run.results or {}
     return Outcome(
         path="elastic", world_size=plan.world_size,

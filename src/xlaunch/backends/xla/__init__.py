@@ -22,7 +22,7 @@ from ...launch_dir import LaunchDir
 from ...outcome import Outcome, RankExit, judge
 from ...plan import LaunchPlan, XlaSpec
 from ...worker import MIXED_PRECISION_VAR, WORLD_VAR, WorkerSetup, check_picklable
-from ..supervise import supervise
+from ..supervise import signals_deferred, supervise
 from .handle import LeaderRun
 from .replica import Job
 from .tpu_node import prepare_tpu_node
@@ -55,7 +55,8 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
             earlier.append(outcome.exits)
         return outcome
     finally:
-        launch_dir.remove()
+        with signals_deferred():
+            launch_dir.remove()
 
 
 def _attempt(plan: LaunchPlan, job: Job, deadline: float | None) -> Outcome:
@@ -65,7 +66,8 @@ def _attempt(plan: LaunchPlan, job: Job, deadline: float | None) -> Outcome:
         timed_out = supervise(run, remaining)
         exits, failure, result = run.exits(), run.leader_failure(), run.result()
     finally:
-        run.end()
+        with signals_deferred():  # a second Ctrl-C must not cut the clean-up short
+            run.end()
     return Outcome(path="xla", world_size=plan.world_size, exits=exits, result=result,
                    timed_out=timed_out, timeout=plan.timeout,
                    leader_failure=failure if not timed_out else None)
