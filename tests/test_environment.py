@@ -26,10 +26,11 @@ def expect(
     interactive: bool,
     legacy_tpu_node: bool,
     xla_device: str | None,
+    tpu_holders: tuple = (),  # a fake machine's device files are held by nobody
 ) -> Environment:
     """An Environment with every field spelled out, so no case leans on a default."""
     return Environment(platform, accelerator, device_count, tpu_generation, tpu_chips,
-                       cores_per_chip, interactive, legacy_tpu_node, xla_device)
+                       cores_per_chip, interactive, legacy_tpu_node, xla_device, tpu_holders)
 
 
 def test_expect_spells_out_every_field() -> None:

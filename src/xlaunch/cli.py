@@ -130,7 +130,12 @@ def env_report(
 def format_report(report: dict[str, Any]) -> str:
     plan = report["plan"]
     lines = ["environment (xlaunch.detect())"]
-    lines += _rows(report["environment"] or {"error": report["refusal"]})
+    environment = dict(report["environment"] or {"error": report["refusal"]})
+    holders = environment.pop("tpu_holders", None)
+    lines += _rows(environment)
+    if holders is not None:
+        lines += _rows({"tpu_holders": "; ".join(
+            f"pid {h['pid']} ({h['command']}) holds {h['device']}" for h in holders) or "none"})
     lines.append("default launch (xlaunch.launch(fn))")
     if report["environment"] is None:
         lines.append("  not planned: the environment could not be read")

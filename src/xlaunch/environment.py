@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .holders import DeviceHolder, tpu_holders
+
 TPU_PCI_VENDOR = "0x1ae0"
 
 # PCI device id -> (generation, cores per chip). 0x0056 and 0x0062 are ids torch_xla also treats
@@ -49,9 +51,18 @@ class Environment:
     # The PJRT device the XLA path runs on ("TPU" on a TPU; PJRT_DEVICE's value when
     # XLAUNCH_ACCELERATOR=xla forces the XLA path elsewhere); None means the XLA path is not used.
     xla_device: str | None = None
+    tpu_holders: tuple[DeviceHolder, ...] = ()  # processes holding a TPU device file open
+
+    def __post_init__(self) -> None:
+        # From JSON (``as_dict``), holders arrive as plain dicts: plain data both ways.
+        holders = tuple(h if isinstance(h, DeviceHolder) else DeviceHolder(**h)
+                        for h in self.tpu_holders)
+        object.__setattr__(self, "tpu_holders", holders)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["tpu_holders"] = [asdict(holder) for holder in self.tpu_holders]  # JSON's lists
+        return data
 
 
 def detect(
@@ -88,8 +99,9 @@ def detect(
         else:
             generation, cores = _one_generation(chips)
             count = len(chips)
+        holders = () if legacy_node else tpu_holders(base)
         return Environment(platform, "tpu", count * cores, generation, count, cores, interactive,
-                           legacy_node, "TPU")
+                           legacy_node, "TPU", holders)
     if override == "tpu":
         # Asked for a TPU on a host without chips: report what was asked, with no devices, so the
         # planner can refuse with the reason instead of silently falling back.

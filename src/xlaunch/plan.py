@@ -160,6 +160,8 @@ def _xla_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
         raise ValueError(
             "num_nodes > 1 does not apply to TPUs: on a TPU pod run the same launch on every host "
             "(for example `gcloud compute tpus tpu-vm ssh --worker=all`); torch_xla forms the world.")
+    if env.tpu_holders:
+        raise RuntimeError(_held(env))
     layout = tpu_layout(env, options.num_processes)
     notes = ("legacy TPU Node runtime (remote TPU, no local chips)",) if env.legacy_tpu_node else ()
     template = options.log_line_prefix_template
@@ -171,6 +173,20 @@ def _xla_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
         line_prefix=template if template is not None else XlaSpec.line_prefix)
     return LaunchPlan(env.accelerator, layout.processes, layout.replicas, spec,
                       notes=notes + layout.notes, **_common(options))
+
+
+def _held(env: Environment) -> str:
+    holders = "; ".join(holder.describe() for holder in env.tpu_holders)
+    own = [holder for holder in env.tpu_holders if holder.pid == os.getpid()]
+    text = (f"The TPU is in use: {holders}. A TPU can be held by one process at a time, so the "
+            "launch would fail inside the runtime. ")
+    if own:
+        return text + ("That process is this one: something in it already used the TPU. "
+                       "Restart the runtime (Colab: Runtime > Restart session; Kaggle: Run > "
+                       "Restart & clear cell outputs) and launch before touching the TPU.")
+    pids = " ".join(str(holder.pid) for holder in env.tpu_holders)
+    return text + (f"End that process (`kill {pids}`, or stop the notebook or script it belongs "
+                   "to) and launch again.")
 
 
 def _cuda_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
