@@ -28,16 +28,24 @@ _WHERE = {
     "ProcessFailure": "errors",
     "detect": "environment",
     "Environment": "environment",
+    "DeviceHolder": "holders",
+    "last_report": "launcher",
+    "LaunchReport": "report",
+    "RankReport": "report",
 }
 
 __all__ = [
+    "DeviceHolder",
     "Environment",
     "LaunchError",
+    "LaunchReport",
     "LaunchTimeout",
     "ProcessFailure",
     "ProcessState",
+    "RankReport",
     "debug_launcher",
     "detect",
+    "last_report",
     "launch",
     "main_process_first",
     "notebook_launcher",
@@ -52,7 +60,9 @@ __all__ = [
 if TYPE_CHECKING:
     from .environment import Environment, detect
     from .errors import LaunchError, LaunchTimeout, ProcessFailure
-    from .launcher import debug_launcher, launch, notebook_launcher
+    from .holders import DeviceHolder
+    from .launcher import debug_launcher, last_report, launch, notebook_launcher
+    from .report import LaunchReport, RankReport
     from .state import (
         ProcessState,
         main_process_first,

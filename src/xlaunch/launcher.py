@@ -6,15 +6,19 @@ accelerate, scripts use the second.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from .backends import elastic, inline, xla
 from .environment import detect
+from .machine import Machine
 from .options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT, LaunchOptions
 from .outcome import Outcome, judge
 from .plan import LaunchPlan, make_plan
+from .report import LaunchReport, make_report
 
 
 def notebook_launcher(
@@ -36,6 +40,7 @@ def notebook_launcher(
     *,
     timeout: float | None = None,
     start_method: str | None = None,
+    report: bool = True,
 ) -> Any:
     """Run ``function(*args)`` in every process of this machine; return local process 0's result.
 
@@ -69,6 +74,8 @@ def notebook_launcher(
         timeout: seconds the whole launch may take; then every worker is stopped and
             `LaunchTimeout` shows where each rank stood.
         start_method: ``"fork"`` (default on Linux), ``"spawn"`` or ``"forkserver"``.
+        report: after the launch, `last_report()` says what each rank did; the XLA path prints
+            it, other paths print only its warnings. ``False`` prints nothing.
 
     Returns:
         What ``function`` returned in this machine's local process 0, tensors moved to the CPU.
@@ -80,7 +87,7 @@ def notebook_launcher(
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
         rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
         log_line_prefix_template=log_line_prefix_template, timeout=timeout,
-        start_method=start_method)
+        start_method=start_method, report=report)
     return run_plan(make_plan(detect(), options), function, args)
 
 
@@ -111,13 +118,39 @@ def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ..
         print(f"xlaunch: {line}", file=sys.stderr)
     if plan.accelerator == "cuda" and plan.path == "elastic":
         _refuse_initialised_cuda()
+    started = time.perf_counter()
     outcome = BACKENDS[plan.path](plan, function, args)
+    report = make_report(plan.path, time.perf_counter() - started, outcome.report or (),
+                         Machine.here().memory_total)
+    global _LAST_REPORT
+    _LAST_REPORT = report
+    _print_report(plan, report)
+    outcome = dataclasses.replace(outcome, report=report)
     error = judge(outcome)
     if error is not None:
         raise error from outcome.exception
     if outcome.exception is not None:  # the engine failed before any worker ran
         raise outcome.exception
     return outcome.result
+
+
+def last_report() -> LaunchReport | None:
+    """What the last launch in this process did, per rank (None before the first launch)."""
+    return _LAST_REPORT
+
+
+_LAST_REPORT: LaunchReport | None = None
+
+
+def _print_report(plan: LaunchPlan, report: LaunchReport) -> None:
+    """The XLA path prints the whole block (what TPU users need); others only its warnings."""
+    if not plan.report:
+        return
+    if plan.path == "xla":
+        print(report, file=sys.stderr)
+    else:
+        for text in report.warnings:
+            print(f"xlaunch: warning: {text}", file=sys.stderr)
 
 
 def _check_args(function: object, args: object) -> tuple[Any, ...]:

@@ -14,6 +14,7 @@ MEMORY_PER_PROCESS = 256 * 2**20  # a CPU worker with torch imported and a proce
 class Machine:
     cores: int
     memory_available: int | None  # bytes a new process could still take; None when unknown
+    memory_total: int | None = None  # the machine's memory, or its container's limit
 
     @classmethod
     def here(cls, root: str = "/") -> Machine:
@@ -21,7 +22,7 @@ class Machine:
             cores = len(os.sched_getaffinity(0))
         except AttributeError:
             cores = os.cpu_count() or 1
-        return cls(cores, _memory_available(Path(root)))
+        return cls(cores, *_memory(Path(root)))
 
     def check_cpu_processes(self, count: int) -> None:
         """Refuse, with the numbers, a count of CPU processes this machine cannot hold."""
@@ -38,15 +39,17 @@ class Machine:
                 f"{self.memory_available >> 20} MiB available; use at most {fits}")
 
 
-def _memory_available(root: Path) -> int | None:
-    """MemAvailable, or the container's memory limit less its use when that is smaller."""
-    available = None
+def _memory(root: Path) -> tuple[int | None, int | None]:
+    """(available, total): MemAvailable and MemTotal, or the container's limit when smaller."""
+    info = {}
     try:
         for line in (root / "proc" / "meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
+            name, _, value = line.partition(":")
+            if name in ("MemAvailable", "MemTotal"):
+                info[name] = int(value.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    available, total = info.get("MemAvailable"), info.get("MemTotal")
     cgroup = root / "sys" / "fs" / "cgroup"
     try:
         limit = (cgroup / "memory.max").read_text().strip()
@@ -54,6 +57,7 @@ def _memory_available(root: Path) -> int | None:
         if limit != "max":
             room = int(limit) - used
             available = room if available is None else min(available, room)
+            total = int(limit) if total is None else min(total, int(limit))
     except (OSError, ValueError):
         pass
-    return available
+    return available, total

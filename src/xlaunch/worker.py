@@ -14,7 +14,8 @@ import signal
 import string
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -23,6 +24,7 @@ from .errors import ProcessFailure
 from .launch_dir import STACK_SIGNAL, LaunchDir, record_failure, write_pid
 from .outcome import CANCELLED_EXIT
 from .output import PrefixedStream
+from .report import write_rank_report
 
 MIXED_PRECISION_VAR = "XLAUNCH_MIXED_PRECISION"
 WORLD_VAR = "XLAUNCH_WORLD"  # "xla" inside XLA workers; tells ProcessState which world it is in
@@ -82,10 +84,16 @@ class Worker:
             error, rank=self.rank, exitcode=exitcode, skip_frames=skip_frames))
         flush_output()
 
-    def run(self, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        """Call the function; a failure is recorded and turned into this process's exit status."""
+    def run(self, function: Callable[..., Any], args: tuple[Any, ...],
+            measure: Callable[[], Mapping[str, Any]] | None = None) -> Any:
+        """Call the function; a failure is recorded and turned into this process's exit status.
+
+        Whichever way it ends, the rank then reports its wall time and peak memory, plus what
+        ``measure`` adds (the XLA metrics on that path).
+        """
         if self.cancelled:
             raise SystemExit(CANCELLED_EXIT)
+        started = time.perf_counter()
         try:
             return function(*args)
         except SystemExit as stop:
@@ -100,7 +108,15 @@ class Worker:
             self.record_failure(error, skip_frames=1)  # this frame is ours, not the user's
             raise SystemExit(1) from None
         finally:
+            self._report(time.perf_counter() - started, measure)
             flush_output()
+
+    def _report(self, wall_seconds: float, measure: Callable[[], Mapping[str, Any]] | None) -> None:
+        try:
+            extra = measure() if measure is not None else {}
+            write_rank_report(self.attempt, self.rank, wall_seconds, extra)
+        except Exception as error:  # noqa: BLE001 - a report must never fail the training
+            print(f"xlaunch: rank {self.rank} could not write its report: {error}", file=sys.stderr)
 
     def returnable(self, result: Any) -> Any:
         """The result moved to the CPU, or this rank's failure if it cannot be sent back."""

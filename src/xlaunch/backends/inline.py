@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,6 +21,7 @@ from .. import _compat
 from ..errors import ProcessFailure
 from ..outcome import Outcome, RankExit
 from ..plan import LaunchPlan
+from ..report import RankReport, peak_rss_bytes
 from ..worker import MIXED_PRECISION_VAR, RESTART_VAR, to_cpu
 
 
@@ -29,21 +31,25 @@ class _Expired(BaseException):
 
 def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
     stack: list[str] = []
-    one = dict(path="inline", world_size=1, timeout=plan.timeout)
+    started = time.perf_counter()
+    pid = os.getpid()
+    ended: dict[str, Any] = {}
     try:
         with _environment({MIXED_PRECISION_VAR: plan.mixed_precision, RESTART_VAR: "0"}), \
                 _deadline(plan.timeout, stack):
             result = function(*args)
+        rank_exit = RankExit(rank=0, pid=pid, exitcode=0)
+        ended["result"] = to_cpu(result)
     except _Expired:
-        stopped = RankExit(rank=0, pid=os.getpid(), signals_sent=frozenset({signal.SIGALRM}),
-                           stack="".join(stack))
-        return Outcome(exits=(stopped,), timed_out=True, **one)  # type: ignore[arg-type]
+        rank_exit = RankExit(rank=0, pid=pid, signals_sent=frozenset({signal.SIGALRM}),
+                             stack="".join(stack))
+        ended["timed_out"] = True
     except Exception as error:
         record = ProcessFailure.from_exception(error, rank=0, skip_frames=1)
-        failed = RankExit(rank=0, pid=os.getpid(), exitcode=1, record=record)
-        return Outcome(exits=(failed,), exception=error, **one)  # type: ignore[arg-type]
-    return Outcome(exits=(RankExit(rank=0, pid=os.getpid(), exitcode=0),), result=to_cpu(result),
-                   **one)  # type: ignore[arg-type]
+        rank_exit = RankExit(rank=0, pid=pid, exitcode=1, record=record)
+        ended["exception"] = error
+    measured = (RankReport(0, time.perf_counter() - started, peak_rss_bytes()),)
+    return Outcome("inline", 1, (rank_exit,), timeout=plan.timeout, report=measured, **ended)
 
 
 @contextlib.contextmanager

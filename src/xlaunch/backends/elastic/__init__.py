@@ -21,6 +21,7 @@ from typing import Any
 from ...launch_dir import LaunchDir
 from ...outcome import Outcome
 from ...plan import ElasticSpec, LaunchPlan
+from ...report import read_rank_reports
 from ...worker import check_picklable
 from ..supervise import signals_deferred, supervise
 from .engine import EngineRun
@@ -37,6 +38,7 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
         run = EngineRun(plan, function, args, launch_dir)
         timed_out = supervise(run, plan.timeout)
         attempts = run.attempts(timed_out)
+        reports = tuple(read_rank_reports(launch_dir.latest_attempt()))
     finally:
         with signals_deferred():  # a second Ctrl-C must not cut the clean-up short
             if run is not None:
@@ -49,4 +51,4 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
         # Keyed by global rank: this node's local rank 0 holds the smallest of its ranks.
         result=results[min(results)] if results else None,
         timed_out=timed_out, timeout=plan.timeout,
-        exception=run.engine_error)
+        exception=run.engine_error, report=reports)

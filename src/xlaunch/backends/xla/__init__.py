@@ -21,6 +21,7 @@ from ... import _compat
 from ...launch_dir import LaunchDir
 from ...outcome import Outcome, RankExit, judge
 from ...plan import LaunchPlan, XlaSpec
+from ...report import read_rank_reports
 from ...worker import MIXED_PRECISION_VAR, WORLD_VAR, WorkerSetup, check_picklable
 from ..supervise import signals_deferred, supervise
 from .handle import LeaderRun
@@ -65,11 +66,12 @@ def _attempt(plan: LaunchPlan, job: Job, deadline: float | None) -> Outcome:
     try:
         timed_out = supervise(run, remaining)
         exits, failure, result = run.exits(), run.leader_failure(), run.result()
+        reports = tuple(read_rank_reports(run.attempt))
     finally:
         with signals_deferred():  # a second Ctrl-C must not cut the clean-up short
             run.end()
     return Outcome(path="xla", world_size=plan.world_size, exits=exits, result=result,
-                   timed_out=timed_out, timeout=plan.timeout,
+                   timed_out=timed_out, timeout=plan.timeout, report=reports,
                    leader_failure=failure if not timed_out else None)
 
 

@@ -1,0 +1,171 @@
+"""What happened on each rank: the launch report, and the warnings that say what to do.
+
+What costs TPU users most is not starting processes but what happens inside them: graphs compiled
+again at every step, ops that silently run on the CPU, a rank near the machine's memory. Each
+worker measures itself when its function ends (or fails) and leaves a small record; the launcher
+gathers them into a `LaunchReport`, whose warnings name the usual cause and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .launch_dir import atomic_write
+
+RECOMPILE_DOCS = "https://pytorch.org/xla/master/perf/recompilation.html"
+MEMORY_NEAR = 0.8  # a rank whose peak passes this share of the machine's memory is warned about
+STEADY_COMPILES = 4  # a training loop compiles a handful of graphs, then reuses them
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank (one process: replicas sharing a process on v2/v3 chips share one entry)."""
+
+    rank: int
+    wall_seconds: float
+    peak_rss_bytes: int
+    compiles: int | None = None  # XLA only, from torch_xla.debug.metrics
+    compile_seconds: float | None = None
+    executions: int | None = None
+    transfers_to_device: int | None = None
+    transfers_from_device: int | None = None
+    cpu_fallbacks: Mapping[str, int] = field(default_factory=dict)  # aten op -> times run on CPU
+    steps: int | None = None  # graph cuts (torch_xla.sync / mark_step) the rank made
+    late_compiles: int | None = None  # compilations in the second half of those steps
+    compile_sources: tuple[tuple[str, int], ...] = ()  # XLAUNCH_XLA_DEBUG=1: line -> compiles
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RankReport:
+        data = json.loads(text)
+        data["compile_sources"] = tuple(tuple(item) for item in data.get("compile_sources", ()))
+        known = set(cls.__dataclass_fields__)
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+
+@dataclass(frozen=True)
+class LaunchReport:
+    """What the last launch did, per rank; ``str()`` is the summary printed after a launch."""
+
+    path: str  # "xla", "elastic" or "inline"
+    wall_seconds: float
+    ranks: tuple[RankReport, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        lines = [f"xlaunch report: {self.path} launch, {len(self.ranks)} rank(s) reported, "
+                 f"{self.wall_seconds:.2f} s"]
+        lines += [f"  {_rank_line(rank)}" for rank in self.ranks]
+        lines += [f"warning: {text}" for text in self.warnings]
+        return "\n".join(lines)
+
+
+def _rank_line(rank: RankReport) -> str:
+    text = f"rank {rank.rank}: {rank.wall_seconds:.2f} s, peak memory {_size(rank.peak_rss_bytes)}"
+    if rank.compiles is not None:
+        text += (f", {rank.compiles} graph(s) compiled in {rank.compile_seconds or 0:.2f} s, "
+                 f"{rank.executions} run(s), {rank.transfers_to_device} transfer(s) to and "
+                 f"{rank.transfers_from_device} from the device")
+    if rank.cpu_fallbacks:
+        text += ", on the CPU: " + ", ".join(f"{op} x{n}" for op, n in rank.cpu_fallbacks.items())
+    return text
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
+
+
+def make_report(path: str, wall_seconds: float, ranks: Sequence[RankReport],
+                memory_total: int | None) -> LaunchReport:
+    ordered = tuple(sorted(ranks, key=lambda rank: rank.rank))
+    return LaunchReport(path, wall_seconds, ordered, tuple(warnings_for(ordered, memory_total)))
+
+
+def warnings_for(ranks: Sequence[RankReport], memory_total: int | None) -> list[str]:
+    warnings = []
+    recompiling = [r for r in ranks if r.late_compiles is not None and r.late_compiles > 1
+                   and (r.compiles or 0) > STEADY_COMPILES]
+    if recompiling:
+        worst = max(recompiling, key=lambda r: r.compiles or 0)
+        warnings.append(
+            f"recompilation: rank {worst.rank} compiled {worst.compiles} graphs in {worst.steps} "
+            f"steps ({worst.late_compiles} in the second half), so graphs are still being "
+            "compiled step after step. Usual causes: input shapes that change (pad batches to "
+            "a fixed size, drop_last=True), Python values read from tensors inside the loop "
+            "(.item(), print, if on a tensor). Run with XLAUNCH_XLA_DEBUG=1 to see which lines "
+            f"trigger compilations; more: {RECOMPILE_DOCS}")
+        warnings += _sources(worst)
+    fallbacks: dict[str, int] = {}
+    for rank in ranks:
+        for op, count in rank.cpu_fallbacks.items():
+            fallbacks[op] = fallbacks.get(op, 0) + count
+    if fallbacks:
+        ops = ", ".join(f"{op} ({count} time(s))" for op, count in sorted(fallbacks.items()))
+        warnings.append(
+            f"CPU fallbacks: {ops} ran on the CPU because XLA has no lowering for them; each "
+            "call copies its tensors to the host and back and cuts the graph. Replace the op, "
+            "or move it out of the training step.")
+    if memory_total:
+        for rank in ranks:
+            if rank.peak_rss_bytes >= MEMORY_NEAR * memory_total:
+                warnings.append(
+                    f"host memory: rank {rank.rank} peaked at {_size(rank.peak_rss_bytes)} of "
+                    f"this machine's {_size(memory_total)}. Near the limit the out-of-memory "
+                    "killer ends a process with SIGKILL; load data lazily, lower the batch size "
+                    "or the number of data-loader workers.")
+    return warnings
+
+
+def _sources(rank: RankReport) -> list[str]:
+    if not rank.compile_sources:
+        return []
+    lines = ", ".join(f"{where} ({count}x)" for where, count in rank.compile_sources[:5])
+    return [f"compilations were triggered most often at: {lines}"]
+
+
+# --- the worker's side -------------------------------------------------------------------------
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (VmHWM), the figure the OOM killer's victims reach."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def write_rank_report(attempt: Path, rank: int, wall_seconds: float,
+                      extra: Mapping[str, Any]) -> None:
+    report = RankReport(rank=rank, wall_seconds=wall_seconds, peak_rss_bytes=peak_rss_bytes(),
+                        **extra)
+    record = {"pid": os.getpid(), "report": json.loads(report.to_json())}
+    atomic_write(attempt / f"report-{rank}.json", json.dumps(record))
+
+
+def read_rank_reports(attempt: Path | None) -> list[RankReport]:
+    """The reports of one attempt; of replicas sharing a process, the lowest rank's."""
+    if attempt is None:
+        return []
+    by_pid: dict[int, RankReport] = {}
+    for path in attempt.glob("report-*.json"):
+        try:
+            record = json.loads(path.read_text())
+            pid, report = int(record["pid"]), RankReport.from_json(json.dumps(record["report"]))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if pid not in by_pid or report.rank < by_pid[pid].rank:
+            by_pid[pid] = report
+    return sorted(by_pid.values(), key=lambda report: report.rank)

@@ -1,0 +1,88 @@
+"""The launch report on the CPU paths: each rank's wall time and peak memory, kept and shown.
+
+The XLA figures (compilations, CPU fallbacks) are tested for real in tests/xla; the warnings are
+pure functions of the figures and are tested here as data.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import xlaunch
+from xlaunch import LaunchError, LaunchReport, RankReport, last_report, notebook_launcher
+from xlaunch.report import make_report, warnings_for
+
+MIB = 2**20
+
+
+@pytest.fixture(autouse=True)
+def cpu_only(monkeypatch):
+    monkeypatch.setenv("XLAUNCH_ACCELERATOR", "cpu")
+
+
+def hold_memory(mib: int) -> int:
+    block = bytearray(mib * MIB)
+    block[::4096] = b"x" * len(block[::4096])  # touch every page, so it is resident
+    return xlaunch.ProcessState().process_index
+
+
+def test_each_rank_reports_its_peak_memory_and_wall_time():
+    assert notebook_launcher(hold_memory, args=(300,), num_processes=2) == 0
+    report = last_report()
+    assert isinstance(report, LaunchReport) and report.path == "elastic"
+    assert [rank.rank for rank in report.ranks] == [0, 1]
+    for rank in report.ranks:
+        assert rank.peak_rss_bytes >= 300 * MIB
+        assert 0 < rank.wall_seconds <= report.wall_seconds
+        assert rank.compiles is None and rank.cpu_fallbacks == {}
+    assert "rank 1:" in str(report) and "peak memory" in str(report)
+
+
+def test_the_inline_path_reports_the_one_process():
+    notebook_launcher(hold_memory, args=(50,))
+    report = last_report()
+    assert report.path == "inline" and [rank.rank for rank in report.ranks] == [0]
+    assert report.ranks[0].peak_rss_bytes >= 50 * MIB
+
+
+def fail_on_rank_one():
+    if xlaunch.ProcessState().process_index == 1:
+        raise ValueError("rank 1 failed")
+    xlaunch.wait_for_everyone()
+
+
+def test_a_failed_launch_carries_the_report_of_the_workers_that_ran():
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(fail_on_rank_one, num_processes=2)
+    report = caught.value.report
+    assert report is last_report() and 1 in [rank.rank for rank in report.ranks]
+
+
+def test_report_false_prints_nothing_but_still_keeps_the_report(capfd):
+    notebook_launcher(hold_memory, args=(1,), num_processes=2, report=False)
+    assert "xlaunch report" not in capfd.readouterr().err
+    assert last_report().path == "elastic"
+
+
+def test_warnings_name_what_to_do():
+    steady = RankReport(0, 1.0, 100 * MIB, compiles=3, compile_seconds=0.5, executions=40,
+                        transfers_to_device=2, transfers_from_device=1, steps=20, late_compiles=0)
+    changing = RankReport(1, 1.0, 900 * MIB, compiles=8, compile_seconds=4.0, executions=8,
+                          transfers_to_device=8, transfers_from_device=8, steps=8, late_compiles=4,
+                          cpu_fallbacks={"aten::histc": 8},
+                          compile_sources=(("train.py:12", 7), ("train.py:30", 1)))
+    assert warnings_for([steady], memory_total=2**40) == []
+    warnings = warnings_for([steady, changing], memory_total=1000 * MIB)
+    assert any(w.startswith("recompilation: rank 1 compiled 8 graphs in 8 steps") for w in warnings)
+    assert any("train.py:12 (7x)" in w for w in warnings)
+    assert any("aten::histc (8 time(s))" in w for w in warnings)
+    assert any(w.startswith("host memory: rank 1 peaked at 900 MiB") for w in warnings)
+    report = make_report("xla", 2.0, [changing, steady], memory_total=1000 * MIB)
+    assert [rank.rank for rank in report.ranks] == [0, 1]
+    assert str(report).count("warning:") == len(report.warnings) == 4
+
+
+def test_the_rank_record_round_trips():
+    rank = RankReport(3, 1.5, 7, compiles=2, cpu_fallbacks={"aten::median": 1},
+                      compile_sources=(("a.py:1", 2),))
+    assert RankReport.from_json(rank.to_json()) == rank
