@@ -73,7 +73,8 @@ def test_json_is_detect_and_make_plan(xlaunch: list[str]) -> None:
     result = run(xlaunch, "env", "--json", env=env)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert set(report) == {"environment", "plan", "refusal", "versions", "variables"}
+    assert set(report) == {"environment", "plan", "refusal", "missing", "versions", "variables"}
+    assert report["missing"] == []
     assert {k: report[k] for k in ("environment", "plan", "refusal")} == expected_report(env)
     assert report["versions"]["python"] == platform.python_version()
     assert report["versions"]["torch"] == metadata.version("torch")
@@ -209,3 +210,18 @@ def test_table_for_a_kaggle_tpu(tmp_path: Path) -> None:
     assert launch["worker environment"].split() == ["-TPU_PROCESS_ADDRESSES", "-CLOUD_TPU_TASK_ID"]
     assert shown["variables"] == {"TPU_PROCESS_ADDRESSES": "local",
                                   "KAGGLE_KERNEL_RUN_TYPE": "Interactive"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None,
+                    reason="torch_xla is installed here")
+def test_a_missing_torch_xla_is_named_with_the_line_that_installs_it(
+        xlaunch: list[str], tmp_path: Path) -> None:
+    env = environ(XLAUNCH_ACCELERATOR="xla", PJRT_DEVICE="CPU")
+    report = json.loads(run(xlaunch, "env", "--json", env=env).stdout)
+    assert report["missing"] and 'torch_xla[tpu]==2.9.0"' in report["missing"][0]
+    assert "missing" in run(xlaunch, "env", env=env).stdout
+    script = tmp_path / "train.py"
+    script.write_text("open('ran', 'w').close()\n")
+    result = run(xlaunch, "run", str(script), env=env)
+    assert result.returncode == 1 and "No module named 'torch_xla'" in result.stderr
+    assert "pip install torch==2.9.0" in result.stderr and not (tmp_path / "ran").exists()

@@ -133,7 +133,7 @@ def test_one_process_runs_in_the_command_itself(tmp_path):
     (["--num-processes", "0"], "num_processes must be a whole number of at least 1"),
     (["--mixed-precision", "fp8"], "mixed_precision='fp8' is not one of no, fp16, bf16"),
     (["--node-rank", "2", "--num-nodes", "2"], "node_rank=2 must be between 0 and num_nodes-1=1"),
-    (["--num-processes", "two"], "expected a whole number or 'auto', got 'two'"),
+    (["--num-processes", "two"], "expected a whole number, 'auto', 'gpu' or 'cpu', got 'two'"),
 ])
 def test_bad_option_value_exits_2_before_any_process_starts(tmp_path, option, message):
     write(tmp_path, "never.py", "open('ran', 'w').close()\n")
@@ -162,3 +162,75 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_torchrun_and_accelerate_spellings(tmp_path):
+    write(tmp_path, "world.py", """\
+        import torch.distributed as dist
+        print("world", dist.get_world_size())
+        """)
+    for options in (["--standalone", "--nproc-per-node", "2"], ["--nproc_per_node=2"],
+                    ["--num_processes", "2", "--num_machines", "1"]):
+        result = xlaunch_run(*options, "world.py", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert "[rank 1] world 2" in result.stdout, options
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--num_processes", "3", "--num_machines", "2"], "accelerate's count of processes on all 2"),
+    (["--num_processes", "2", "--num-processes", "2"], "not both"),
+    (["--standalone", "--nnodes", "2"], "--standalone is torchrun's one-machine mode"),
+])
+def test_spellings_that_mean_something_else_are_refused_saying_the_difference(
+        tmp_path, options, message):
+    write(tmp_path, "never.py", "open('ran', 'w').close()\n")
+    result = xlaunch_run(*options, "never.py", cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_module_runs_as_main_with_dash_m(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    write(package, "train.py", """\
+        import sys
+        from xlaunch import ProcessState
+        if __name__ == "__main__":
+            print(f"module rank={ProcessState().process_index} argv={sys.argv[1:]}")
+            if "--fail" in sys.argv:
+                raise ValueError("the module failed")
+        """)
+    result = xlaunch_run("--num-processes", "2", "-m", "pkg.train", "x", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "[rank 1] module rank=1 argv=['x']" in result.stdout
+    failed = xlaunch_run("--num-processes", "2", "-m", "pkg.train", "--fail", cwd=tmp_path)
+    assert failed.returncode == 1 and "ValueError: the module failed" in failed.stderr
+    assert 'pkg/train.py", line 6' in failed.stderr  # the traceback opens at the module's line
+
+
+def test_version(tmp_path):
+    import xlaunch
+
+    result = subprocess.run([sys.executable, "-m", "xlaunch", "--version"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == f"xlaunch {xlaunch.__version__}"
+
+
+def test_a_scripts_own_process_group_gets_the_backend_and_timeout_it_asked_for(tmp_path):
+    write(tmp_path, "own_group.py", """\
+        import datetime, sys, time
+        import torch.distributed as dist
+        dist.init_process_group(sys.argv[1], timeout=datetime.timedelta(seconds=3))
+        print("backend", dist.get_backend(), "world", dist.get_world_size(), flush=True)
+        if dist.get_rank() == 1:
+            time.sleep(60)  # rank 0 waits alone: only the script's 3 s timeout ends that
+        dist.barrier()
+        """)
+    result = xlaunch_run("--num-processes", "2", "--timeout", "100", "own_group.py", "gloo",
+                         cwd=tmp_path)
+    assert "[rank 1] backend gloo world 2" in result.stdout, result.stderr
+    assert result.returncode == 1 and "3000ms" in result.stderr, result.stderr[-3000:]
+    nccl = xlaunch_run("--num-processes", "2", "own_group.py", "nccl", cwd=tmp_path)
+    assert nccl.returncode == 1, nccl.stdout
+    assert "[root cause]" in nccl.stderr and "nccl" in nccl.stderr.lower()

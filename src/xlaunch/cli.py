@@ -118,6 +118,7 @@ def env_report(
         "environment": environment,
         "plan": plan,
         "refusal": refusal,
+        "missing": missing(plan),
         "versions": {
             "python": platform.python_version(),
             "os": platform.platform(),
@@ -125,6 +126,18 @@ def env_report(
         },
         "variables": {name: variables[name] for name in VARIABLES if name in variables},
     }
+
+
+def missing(plan: dict[str, Any] | None) -> list[str]:
+    """What the planned launch needs that is not installed, each with the line that installs it."""
+    needed = []
+    if _version("torch") is None:
+        needed.append("torch is not installed: pip install torch")
+    if plan is not None and plan["path"] == "xla" and _version("torch_xla") is None:
+        from .backends.xla import install_line
+
+        needed.append(f"torch_xla is not installed, and the XLA path needs it: {install_line()}")
+    return needed
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -144,6 +157,7 @@ def format_report(report: dict[str, Any]) -> str:
     else:
         lines += _rows(_plan_rows(plan))
         lines += [_row("note", note) for note in plan["notes"]]
+    lines += [_row("missing", text) for text in report.get("missing", ())]
     lines.append("versions")
     lines += _rows(report["versions"])
     lines.append("variables")

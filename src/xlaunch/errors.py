@@ -68,7 +68,8 @@ class ProcessFailure:
         return f"exit code {self.exitcode}"
 
     def headline(self) -> str:
-        where = f"rank {self.rank}" + (f" (pid {self.pid})" if self.pid else "")
+        where = "launch leader" if self.cause == LEADER else f"rank {self.rank}"
+        where += f" (pid {self.pid})" if self.pid else ""
         return f"{where}: {self.what()}" if self.what() else where
 
     def what(self) -> str:
@@ -144,7 +145,7 @@ def format_failures(failures: Sequence[ProcessFailure], summary: str) -> str:
         if not root_shown and (not first.secondary or (not own and first.cause == LOST_PEER)):
             label, root_shown = "root cause", True
         pids = [f.pid for f in group if f.pid]
-        where = rank_ranges(f.rank for f in group)
+        where = "launch leader" if first.cause == LEADER else rank_ranges(f.rank for f in group)
         if len(pids) == 1:
             where += f" (pid {pids[0]})"
         lines += ["", f"[{label}] {where}" + (f": {first.what()}" if first.what() else "")]

@@ -13,13 +13,8 @@ Importing this module must stay cheap (no torch): the command-line parser import
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import os
-import runpy
 import sys
-from collections.abc import Iterator
-from types import TracebackType
 from typing import Any
 
 from .plan import MIXED_PRECISIONS, RDZV_BACKENDS, START_METHODS
@@ -30,9 +25,18 @@ INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare ``run``'s options: torchrun's name, its underscore spelling, accelerate's name."""
-    parser.add_argument("--num-processes", "--num_processes", "--nproc-per-node", "--nproc_per_node",
+    parser.add_argument("--num-processes", "--nproc-per-node", "--nproc_per_node",
                         dest="num_processes", type=_process_count, default=None, metavar="N",
-                        help="processes on this node (default: every TPU core or GPU, 1 on a CPU)")
+                        help="processes on this machine (default: every TPU core or GPU, 1 on a "
+                             "CPU); torchrun's 'auto' and 'gpu' mean the default, 'cpu' one "
+                             "process per core")
+    parser.add_argument("--num_processes", dest="total_processes", type=int, default=None,
+                        metavar="N", help="accelerate's spelling: processes on ALL machines "
+                                          "together (divided by --num_machines)")
+    parser.add_argument("--standalone", action="store_true",
+                        help="torchrun's one-machine mode (the default here; nothing to set up)")
+    parser.add_argument("-m", "--module", action="store_true",
+                        help="run the target as a module, as `python -m module`")
     parser.add_argument("--num-nodes", "--nnodes", "--num_machines", dest="num_nodes", type=int,
                         default=1, metavar="N", help="machines taking part (GPU/CPU; default 1)")
     parser.add_argument("--node-rank", "--node_rank", "--machine_rank", dest="node_rank", type=int,
@@ -57,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.add_argument("--cpu", action="store_true",
                         help="debug: run CPU processes over gloo even where a TPU or GPU is present")
-    parser.add_argument("script", help="the Python script to run in every process")
+    parser.add_argument("script", help="the Python script (or, with -m, module) to run in "
+                                       "every process")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="the script's own arguments (everything after the script)")
 
@@ -80,15 +85,39 @@ def main(args: argparse.Namespace) -> int:
     from .environment import detect
     from .launcher import run_plan
     from .plan import make_plan
+    from .script import run_script
 
-    script = os.path.abspath(args.script)
-    if not os.path.isfile(script):
+    target = args.script if args.module else os.path.abspath(args.script)
+    if not args.module and not os.path.isfile(target):
         return usage_error(f"can't open file {args.script!r}: no such file")
     try:
+        _reconcile_spellings(args)
         plan = make_plan(detect(), options_from(args))
     except (ValueError, TypeError) as error:
         return usage_error(str(error))
-    return launch_and_report(lambda: run_plan(plan, run_script, (script, list(args.script_args))))
+    work = (target, list(args.script_args), args.module)
+    return launch_and_report(lambda: run_plan(plan, run_script, work))
+
+
+def _reconcile_spellings(args: argparse.Namespace) -> None:
+    """torchrun's and accelerate's options, said the way xlaunch plans them."""
+    if args.standalone and args.num_nodes > 1:
+        raise ValueError("--standalone is torchrun's one-machine mode; it cannot go with "
+                         f"--nnodes {args.num_nodes}")
+    if args.num_processes == "cpu":
+        args.num_processes, args.cpu = os.cpu_count() or 1, True
+    if args.total_processes is None:
+        return
+    if args.num_processes is not None:
+        raise ValueError("give --num-processes (per machine) or accelerate's --num_processes "
+                         "(all machines together), not both")
+    per_machine, left = divmod(args.total_processes, args.num_nodes)
+    if left or per_machine < 1:
+        raise ValueError(
+            f"--num_processes={args.total_processes} is accelerate's count of processes on all "
+            f"{args.num_nodes} machines together, so it must divide evenly between them; for "
+            "a count per machine use --num-processes (or torchrun's --nproc-per-node)")
+    args.num_processes = per_machine
 
 
 def options_from(args: argparse.Namespace, **overrides: Any) -> Any:
@@ -111,60 +140,6 @@ def options_from(args: argparse.Namespace, **overrides: Any) -> Any:
     return LaunchOptions(**values)
 
 
-def run_script(script: str, script_args: list[str]) -> None:
-    """The launched function: ``python script.py ARGS`` inside this worker.
-
-    Module-level so that ``--start-method spawn`` can pickle it. sys.argv and sys.path are put
-    back afterwards because with one process this runs in the ``xlaunch`` process itself.
-    """
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [script, *script_args]
-    sys.path.insert(0, os.path.dirname(script))
-    try:
-        with _launcher_group_reused():
-            runpy.run_path(script, run_name="__main__")
-    except BaseException as error:
-        # The root cause should open at the script's line, not in runpy's machinery.
-        error.__traceback__ = _from_script(error.__traceback__, script)
-        raise
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
-
-
-@contextlib.contextmanager
-def _launcher_group_reused() -> Iterator[None]:
-    """A torchrun script calls ``init_process_group()``; here the launcher has already made it.
-
-    Without this such a script fails with "trying to initialize the default process group twice"
-    in every worker. The call is answered with the group the launcher made (gloo on CPU, NCCL on
-    GPU), which is the group that script asks for when run under torchrun on the same machine.
-    """
-    dist: Any = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        yield
-        return
-    original = dist.init_process_group
-
-    @functools.wraps(original)
-    def init_process_group(*args: Any, **kwargs: Any) -> None:
-        if not dist.is_initialized():  # the script destroyed the launcher's group, then re-made it
-            original(*args, **kwargs)
-
-    dist.init_process_group = init_process_group
-    try:
-        yield
-    finally:
-        dist.init_process_group = original
-
-
-def _from_script(traceback: TracebackType | None, script: str) -> TracebackType | None:
-    """The traceback from the script's first frame on; all of it if the script has none."""
-    entry = traceback
-    while entry is not None and entry.tb_frame.f_code.co_filename != script:
-        entry = entry.tb_next
-    return entry or traceback
-
-
 def launch_and_report(start: Any) -> int:
     """Run ``start()``; a failed launch becomes its message on stderr and the failed rank's status.
 
@@ -182,7 +157,7 @@ def launch_and_report(start: Any) -> int:
         return failed.exitcode
     except (ValueError, TypeError) as refused:  # refused before any process started
         return usage_error(str(refused))
-    except RuntimeError as refused:  # a taken port, a device initialised too early
+    except (RuntimeError, ImportError) as refused:  # a taken port, a held TPU, no torch_xla
         print(f"xlaunch: error: {refused}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -196,11 +171,15 @@ def usage_error(message: str) -> int:
     return 2
 
 
-def _process_count(text: str) -> int | None:
-    """torchrun's ``--nproc-per-node auto`` means the launcher's choice, like leaving it out."""
-    if text.strip().lower() == "auto":
+def _process_count(text: str) -> int | str | None:
+    """torchrun's ``--nproc-per-node``: a number, or ``auto``/``gpu`` (every device) or ``cpu``."""
+    word = text.strip().lower()
+    if word in ("auto", "gpu"):
         return None
+    if word == "cpu":
+        return "cpu"
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number or 'auto', got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number, 'auto', 'gpu' or 'cpu', got {text!r}") from None

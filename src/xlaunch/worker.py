@@ -7,6 +7,7 @@ knows the rank raised rather than guessing from the order it noticed deaths in.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import os
 import pickle
@@ -21,6 +22,7 @@ from typing import IO, Any
 
 from . import process_group
 from .errors import ProcessFailure
+from .hints import hint_for
 from .launch_dir import STACK_SIGNAL, LaunchDir, record_failure, write_pid
 from .outcome import CANCELLED_EXIT
 from .output import PrefixedStream
@@ -29,6 +31,7 @@ from .report import write_rank_report
 MIXED_PRECISION_VAR = "XLAUNCH_MIXED_PRECISION"
 WORLD_VAR = "XLAUNCH_WORLD"  # "xla" inside XLA workers; tells ProcessState which world it is in
 RESTART_VAR = "XLAUNCH_RESTART_COUNT"  # which attempt this is, on every path
+STORE_DIR_VAR = "XLAUNCH_STORE_DIR"  # one machine: where a script's own process group meets
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -80,8 +83,13 @@ class Worker:
 
     def record_failure(self, error: BaseException, exitcode: int = 1, skip_frames: int = 0) -> None:
         """Write what went wrong, before anything else can go wrong."""
-        record_failure(self.attempt, ProcessFailure.from_exception(
-            error, rank=self.rank, exitcode=exitcode, skip_frames=skip_frames))
+        failure = ProcessFailure.from_exception(error, rank=self.rank, exitcode=exitcode,
+                                                skip_frames=skip_frames)
+        hint = hint_for(error)
+        if hint is not None:
+            failure = dataclasses.replace(failure, message=f"{failure.message}. {hint}",
+                                          traceback=f"{failure.traceback}hint: {hint}\n")
+        record_failure(self.attempt, failure)
         flush_output()
 
     def run(self, function: Callable[..., Any], args: tuple[Any, ...],

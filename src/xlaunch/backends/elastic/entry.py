@@ -10,7 +10,7 @@ from typing import Any
 
 from ...outcome import CANCELLED_EXIT
 from ...plan import ElasticSpec
-from ...worker import Worker, WorkerSetup
+from ...worker import STORE_DIR_VAR, Worker, WorkerSetup
 
 
 def worker_main(entry: Entry) -> Any:
@@ -67,6 +67,7 @@ class Entry:
         import torch.distributed as dist
 
         if self.spec.loopback_only:
+            os.environ[STORE_DIR_VAR] = str(attempt)  # a script's own group meets here too
             store = dist.FileStore(str(attempt / "group-store"), world)
             dist.init_process_group(self.spec.dist_backend, store=store, rank=rank,
                                     world_size=world)

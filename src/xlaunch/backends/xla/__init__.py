@@ -12,9 +12,11 @@ Modules: `replica` (what each replica runs), `leader` (the forked leader and its
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import time
 from collections.abc import Callable
+from importlib import metadata
 from typing import Any
 
 from ... import _compat
@@ -34,6 +36,7 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
     spec = plan.spec
     assert isinstance(spec, XlaSpec)
     refuse_initialised_runtime()
+    require_torch_xla()
     if spec.start_method != "fork":
         check_picklable(function, args)
     env = {WORLD_VAR: "xla", MIXED_PRECISION_VAR: plan.mixed_precision, **spec.worker_env}
@@ -73,6 +76,32 @@ def _attempt(plan: LaunchPlan, job: Job, deadline: float | None) -> Outcome:
     return Outcome(path="xla", world_size=plan.world_size, exits=exits, result=result,
                    timed_out=timed_out, timeout=plan.timeout, report=reports,
                    leader_failure=failure if not timed_out else None)
+
+
+def require_torch_xla() -> None:
+    """Without torch_xla the launch leader would fail at its first line: say so here, first."""
+    if importlib.util.find_spec("torch_xla") is not None:
+        return
+    raise ModuleNotFoundError(
+        f"No module named 'torch_xla': the XLA path needs it. Install it with: {install_line()}",
+        name="torch_xla")
+
+
+NEWEST_TORCH_XLA = (2, 9)  # the newest torch_xla release; each needs the torch of its number
+
+
+def install_line() -> str:
+    """The torch_xla that matches the installed torch (they are released in lockstep)."""
+    newest = ".".join(map(str, NEWEST_TORCH_XLA)) + ".0"
+    pair = f'pip install torch=={newest} "torch_xla[tpu]=={newest}"'
+    try:
+        torch = metadata.version("torch").split("+")[0]
+    except metadata.PackageNotFoundError:
+        return pair
+    release = tuple(int(part) for part in torch.split(".")[:2] if part.isdigit())
+    if release > NEWEST_TORCH_XLA:
+        return f"{pair}  (torch {torch} is newer than any torch_xla release)"
+    return f'pip install "torch_xla[tpu]=={torch}"  (torch_xla must match torch {torch} exactly)'
 
 
 def refuse_initialised_runtime() -> None:
