@@ -51,7 +51,7 @@ def test_one_process_in_the_caller_refuses_what_it_cannot_use(option: str, value
 @pytest.mark.parametrize("option, value", [
     ("use_port", "1234"), ("master_addr", "10.0.0.2"), ("rdzv_backend", "c10d"),
     ("rdzv_endpoint", "h:1"), ("rdzv_conf", {"timeout": 5}), ("rdzv_id", "job"),
-    ("monitor_interval", 0.5), ("max_restarts", 2),
+    ("monitor_interval", 0.5),
 ])
 def test_the_tpu_path_refuses_engine_options(tpu: Environment, option: str, value: object) -> None:
     with pytest.raises(ValueError, match=rf"{option}=.*not used by the xla launch path"):
@@ -59,9 +59,25 @@ def test_the_tpu_path_refuses_engine_options(tpu: Environment, option: str, valu
 
 
 def test_the_tpu_path_honours_its_own_options(tpu: Environment) -> None:
-    spec = plan(tpu, start_method="spawn", log_line_prefix_template="<${rank}> ").spec
+    spec = plan(tpu, start_method="spawn", log_line_prefix_template="<${rank}> ",
+                max_restarts=2, compile_cache="/data/cache").spec
     assert isinstance(spec, XlaSpec)
     assert (spec.start_method, spec.line_prefix) == ("spawn", "<${rank}> ")
+    assert (spec.max_restarts, spec.compile_cache) == (2, "/data/cache")
+
+
+def test_the_compile_cache_is_on_by_default_on_tpu_only(
+        tpu: Environment, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XLAUNCH_COMPILE_CACHE", raising=False)
+    assert plan(tpu).spec.compile_cache == str(tmp_path / ".cache/xlaunch/xla-compile")
+    monkeypatch.setenv("XLAUNCH_COMPILE_CACHE", "/elsewhere")
+    assert plan(tpu).spec.compile_cache == "/elsewhere"
+    assert plan(tpu, compile_cache=False).spec.compile_cache is None
+    xla_cpu = Environment("local", "cpu", 1, xla_device="CPU")
+    assert plan(xla_cpu).spec.compile_cache is None  # the CPU device cannot read it back
+    assert plan(xla_cpu, compile_cache=True).spec.compile_cache == "/elsewhere"
+    assert plan(xla_cpu, compile_cache=tmp_path).spec.compile_cache == str(tmp_path)
 
 
 @pytest.mark.parametrize("option, value", [

@@ -7,6 +7,7 @@ accelerate, scripts use the second.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -40,6 +41,7 @@ def notebook_launcher(
     *,
     timeout: float | None = None,
     start_method: str | None = None,
+    compile_cache: bool | str | os.PathLike[str] | None = None,
     report: bool = True,
 ) -> Any:
     """Run ``function(*args)`` in every process of this machine; return local process 0's result.
@@ -65,7 +67,8 @@ def notebook_launcher(
         rdzv_endpoint: ``host:port`` of the rendezvous; default ``master_addr:use_port``.
         rdzv_conf: extra rendezvous settings passed to torch elastic.
         rdzv_id: the job's name at the rendezvous, the same on every machine.
-        max_restarts: how many times the workers are restarted after a failure.
+        max_restarts: how many times the workers are restarted after a failure (on the XLA
+            path the whole launch runs again); ``ProcessState().restart_count`` says which.
         monitor_interval: seconds between torch elastic's checks on the workers. Left at its
             default (0.1), the workers are checked every 0.01 s, so a short launch does not wait
             0.1 s for the first check; a value you pass, 0.1 included, is used as given.
@@ -74,6 +77,10 @@ def notebook_launcher(
         timeout: seconds the whole launch may take; then every worker is stopped and
             `LaunchTimeout` shows where each rank stood.
         start_method: ``"fork"`` (default on Linux), ``"spawn"`` or ``"forkserver"``.
+        compile_cache: torch_xla's persistent compilation cache. None: on for TPU (and XLA on
+            GPUs), in ``$XLAUNCH_COMPILE_CACHE`` or ``~/.cache/xlaunch/xla-compile``; False:
+            off; True or a folder: on, there, on any XLA device. Each replica process keeps its
+            own sub-folder. Delete the folder to clear it.
         report: after the launch, `last_report()` says what each rank did; the XLA path prints
             it, other paths print only its warnings. ``False`` prints nothing.
 
@@ -87,7 +94,7 @@ def notebook_launcher(
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
         rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
         log_line_prefix_template=log_line_prefix_template, timeout=timeout,
-        start_method=start_method, report=report)
+        start_method=start_method, compile_cache=compile_cache, report=report)
     return run_plan(make_plan(detect(), options), function, args)
 
 

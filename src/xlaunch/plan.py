@@ -26,6 +26,7 @@ MIXED_PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 START_METHODS = ("fork", "spawn", "forkserver")
 PJRT_DEVICES = {"tpu": "TPU", "cuda": "CUDA", "cpu": "CPU"}
+COMPILE_CACHE_VAR = "XLAUNCH_COMPILE_CACHE"
 PATHS = {
     "xla": "torch_xla xmp.spawn",
     "elastic": "torch.distributed.elastic",
@@ -45,6 +46,8 @@ class XlaSpec:
     unset_env: tuple[str, ...] = ()  # removed before the replicas start
     legacy_tpu_node: bool = False  # a remote TPU Node (torch_xla <= 2.0 only)
     line_prefix: str | None = "[rank ${rank}] "  # None: output is not prefixed
+    max_restarts: int = 0  # the whole launch runs again after a failure, up to this many times
+    compile_cache: str | None = None  # torch_xla's persistent compilation cache; None: off
 
 
 @dataclass(frozen=True)
@@ -170,9 +173,24 @@ def _xla_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
         pjrt_device=None if env.legacy_tpu_node else PJRT_DEVICES.get(env.accelerator, "CPU"),
         start_method=options.start_method or "fork", worker_env=layout.env,
         unset_env=layout.unset_env, legacy_tpu_node=env.legacy_tpu_node,
-        line_prefix=template if template is not None else XlaSpec.line_prefix)
+        line_prefix=template if template is not None else XlaSpec.line_prefix,
+        max_restarts=options.max_restarts, compile_cache=compile_cache(env, options.compile_cache))
     return LaunchPlan(env.accelerator, layout.processes, layout.replicas, spec,
                       notes=notes + layout.notes, **_common(options))
+
+
+def compile_cache(env: Environment, asked: bool | str | os.PathLike[str] | None) -> str | None:
+    """Where torch_xla keeps compiled graphs between launches, or None for no cache.
+
+    On by default where it pays (TPU, XLA on GPUs: the CPU device cannot read a cache back);
+    ``False`` turns it off; ``True`` or a folder turns it on on any XLA device.
+    """
+    if asked is False or (asked is None and env.accelerator not in ("tpu", "cuda")):
+        return None
+    if asked is None or asked is True:
+        default = os.path.join(os.path.expanduser("~"), ".cache", "xlaunch", "xla-compile")
+        return os.environ.get(COMPILE_CACHE_VAR) or default
+    return os.fspath(asked)
 
 
 def _held(env: Environment) -> str:
@@ -278,7 +296,7 @@ def _is_port(value: str | int) -> bool:
 # path leaves unused is refused, naming the option and the path.
 _USED = {
     "xla": {"num_processes", "mixed_precision", "timeout", "start_method", "report",
-            "log_line_prefix_template", "compile_cache", "cpu_only"},
+            "log_line_prefix_template", "compile_cache", "cpu_only", "max_restarts"},
     "inline": {"num_processes", "mixed_precision", "timeout", "report", "cpu_only"},
 }
 _WHY_UNUSED = {
@@ -306,9 +324,6 @@ def _refuse_unused(plan: LaunchPlan, options: LaunchOptions) -> None:
         if plan.path == "inline" and given.get("compile_cache") in (False,):
             unused.discard("compile_cache")
         why = _WHY_UNUSED[plan.path]
-        if plan.path == "xla" and "max_restarts" in unused:
-            why = ("max_restarts is not available on the XLA path yet; torch_xla itself "
-                   "never restarts replicas")
     if unused:
         names = ", ".join(f"{name}={given[name]!r}" for name in sorted(unused))
         raise ValueError(f"{names}: not used by the {plan.path} launch path "

@@ -21,7 +21,7 @@ from .launch_dir import atomic_write
 
 RECOMPILE_DOCS = "https://pytorch.org/xla/master/perf/recompilation.html"
 MEMORY_NEAR = 0.8  # a rank whose peak passes this share of the machine's memory is warned about
-STEADY_COMPILES = 4  # a training loop compiles a handful of graphs, then reuses them
+STEADY_COMPILES = 4  # a training loop compiles a handful of graphs (a warm-up), then reuses them
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,6 @@ class RankReport:
     transfers_from_device: int | None = None
     cpu_fallbacks: Mapping[str, int] = field(default_factory=dict)  # aten op -> times run on CPU
     steps: int | None = None  # graph cuts (torch_xla.sync / mark_step) the rank made
-    late_compiles: int | None = None  # compilations in the second half of those steps
     compile_sources: tuple[tuple[str, int], ...] = ()  # XLAUNCH_XLA_DEBUG=1: line -> compiles
 
     def to_json(self) -> str:
@@ -92,15 +91,13 @@ def make_report(path: str, wall_seconds: float, ranks: Sequence[RankReport],
 
 def warnings_for(ranks: Sequence[RankReport], memory_total: int | None) -> list[str]:
     warnings = []
-    recompiling = [r for r in ranks if r.late_compiles is not None and r.late_compiles > 1
-                   and (r.compiles or 0) > STEADY_COMPILES]
+    recompiling = [rank for rank in ranks if recompiles(rank)]
     if recompiling:
         worst = max(recompiling, key=lambda r: r.compiles or 0)
         warnings.append(
             f"recompilation: rank {worst.rank} compiled {worst.compiles} graphs in {worst.steps} "
-            f"steps ({worst.late_compiles} in the second half), so graphs are still being "
-            "compiled step after step. Usual causes: input shapes that change (pad batches to "
-            "a fixed size, drop_last=True), Python values read from tensors inside the loop "
+            "steps, so graphs are still being compiled step after step. Usual causes: input "
+            "shapes that change (pad batches to a fixed size, drop_last=True), Python values read from tensors inside the loop "
             "(.item(), print, if on a tensor). Run with XLAUNCH_XLA_DEBUG=1 to see which lines "
             f"trigger compilations; more: {RECOMPILE_DOCS}")
         warnings += _sources(worst)
@@ -123,6 +120,14 @@ def warnings_for(ranks: Sequence[RankReport], memory_total: int | None) -> list[
                     "killer ends a process with SIGKILL; load data lazily, lower the batch size "
                     "or the number of data-loader workers.")
     return warnings
+
+
+def recompiles(rank: RankReport) -> bool:
+    """Still compiling step after step: past a warm-up's few graphs, one every other step."""
+    compiles = rank.compiles or 0
+    if compiles <= STEADY_COMPILES:
+        return False
+    return compiles * 2 >= rank.steps if rank.steps else compiles > 2 * STEADY_COMPILES
 
 
 def _sources(rank: RankReport) -> list[str]:

@@ -26,7 +26,8 @@ from ...plan import LaunchPlan, XlaSpec
 from ...report import read_rank_reports
 from ...worker import MIXED_PRECISION_VAR, WORLD_VAR, WorkerSetup, check_picklable
 from ..supervise import signals_deferred, supervise
-from .handle import LeaderRun
+from .leader_run import LeaderRun
+from .pool import PoolRun
 from .replica import Job
 from .tpu_node import prepare_tpu_node
 
@@ -51,8 +52,9 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
     deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
     earlier: list[tuple[RankExit, ...]] = []
     try:
-        for attempt in range(getattr(spec, "max_restarts", 0) + 1):
-            outcome = _attempt(plan, Job(function, args, setup, attempt), deadline)
+        for attempt in range(spec.max_restarts + 1):
+            job = Job(function, args, setup, attempt, compile_cache=spec.compile_cache)
+            outcome = _attempt(plan, job, deadline)
             outcome = dataclasses.replace(outcome, earlier_attempts=tuple(earlier))
             if outcome.timed_out or judge(outcome) is None:
                 return outcome
@@ -64,11 +66,16 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
 
 
 def _attempt(plan: LaunchPlan, job: Job, deadline: float | None) -> Outcome:
-    run = LeaderRun(plan, job)
+    spec = plan.spec
+    assert isinstance(spec, XlaSpec)
+    # The pool straight from the caller when it forks; otherwise a leader holds what spawn and
+    # forkserver leave running (multiprocessing's resource tracker, the fork server) and ends it.
+    direct = spec.nprocs is None and spec.start_method == "fork" and not spec.legacy_tpu_node
+    run = PoolRun(plan, job) if direct else LeaderRun(plan, job)
     remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
     try:
         timed_out = supervise(run, remaining)
-        exits, failure, result = run.exits(), run.leader_failure(), run.result()
+        exits, failure, result = run.exits(), run.failure, run.result()
         reports = tuple(read_rank_reports(run.attempt))
     finally:
         with signals_deferred():  # a second Ctrl-C must not cut the clean-up short

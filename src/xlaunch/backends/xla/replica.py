@@ -1,15 +1,24 @@
-"""What each XLA replica runs: xmp.spawn calls `replica` with its global ordinal."""
+"""What each XLA replica runs: torch_xla calls `replica` with its global ordinal.
+
+Work that belongs to the process rather than the replica (v2/v3 chips run two replicas as two
+threads of one process) is done once per process: taking over stderr for the launch's tail, and
+setting up the persistent compilation cache before anything touches the device.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import os
 import pickle
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ...launch_dir import atomic_write
 from ...worker import Worker, WorkerSetup
+from .metrics import DEBUG_FILE_VAR, collect
 
 RESULT_FILE = "result.pkl"
 
@@ -22,26 +31,53 @@ class Job:
     args: tuple[Any, ...]
     setup: WorkerSetup
     attempt: int = 0
+    stderr_fd: int | None = None  # the launch's stderr pipe, inherited by forked replicas
+    compile_cache: str | None = None  # torch_xla's persistent cache, one folder per process
 
 
-# The job, for replicas forked from the leader. xmp.spawn's pool pickles what it is given even
+# The job, for replicas forked from the caller: xmp.spawn's pool pickles what it is given even
 # under fork, and a closure, a lambda or an argument such as a lock cannot be pickled.
 FORKED_JOB: Job | None = None
+_PROCESS_READY = threading.Lock()
+_process_done = False
 
 
 def replica(index: int, job: Job | None = None) -> None:
-    """One replica, in a thread of its process (two threads a process on v2/v3 chips)."""
+    """One replica, in a thread of its process."""
     job = job or FORKED_JOB
     assert job is not None
-    if not faulthandler.is_enabled():  # spawn/forkserver: a crash still leaves its stack on fd 2
-        faulthandler.enable(file=2, all_threads=False)
+    _prepare_process(job)
     world_size, local_ordinal = world()
     worker = Worker(job.setup, job.attempt, index, local_ordinal, world_size)
-    result = worker.run(job.function, job.args)
+    result = worker.run(job.function, job.args, measure=collect)
     if local_ordinal != 0:  # each host of a pod returns its own first replica's result
         return
-    data = pickle.dumps(worker.returnable(result))
-    atomic_write(worker.attempt / RESULT_FILE, data)
+    atomic_write(worker.attempt / RESULT_FILE, pickle.dumps(worker.returnable(result)))
+
+
+def _prepare_process(job: Job) -> None:
+    global _process_done
+    with _PROCESS_READY:
+        if _process_done:
+            return
+        _process_done = True
+        if job.stderr_fd is not None:
+            os.dup2(job.stderr_fd, 2)
+            with contextlib.suppress(OSError):
+                os.close(job.stderr_fd)
+        if job.stderr_fd is not None or not faulthandler.is_enabled():
+            # A crash leaves its Python stack on fd 2, the launch's stderr (a forked replica
+            # may have inherited a handler writing elsewhere).
+            faulthandler.enable(file=2, all_threads=False)
+        process = os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0")
+        if DEBUG_FILE_VAR in os.environ:  # one analysis file per process, never interleaved
+            os.environ[DEBUG_FILE_VAR] = f"{os.environ[DEBUG_FILE_VAR]}.{process}"
+        if job.compile_cache is not None:
+            import torch_xla.runtime as xr
+
+            # Several processes writing one cache race (torch_xla's own tests give each process
+            # its folder); set up before the first compilation, which would fix the cache.
+            xr.initialize_cache(os.path.join(job.compile_cache, f"process-{process}"))
 
 
 def world() -> tuple[int, int]:

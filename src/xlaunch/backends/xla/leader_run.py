@@ -1,0 +1,72 @@
+"""A launch leader forked first: for the one replica ``xmp.spawn(nprocs=1)`` runs in its caller.
+
+``nprocs=1`` runs the function in the calling process and leaves the runtime initialised there,
+after which every later spawn in that process refuses. In a leader that state dies with the
+leader, so the next launch in the same notebook works. Legacy TPU Nodes (torch_xla <= 2.0) run
+their whole launch in a leader too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+
+from ...worker import flush_output
+from ..exits import ChildExit
+from . import leader
+from .attempt import AttemptRun
+
+STOP_GRACE_S = 2.0  # the leader's time to stop its pool before the whole group is killed
+
+
+class LeaderRun(AttemptRun):
+    pid = 0
+    status: int | None = None  # the leader's exit status once reaped (-N: signal N)
+
+    def _run(self) -> None:
+        if not self._begin():
+            return
+        assert self.group is not None
+        setup = dataclasses.replace(self.job.setup, group=self.group.ticket(forked=True))
+        job = dataclasses.replace(self.job, setup=setup)
+        self.leader_signals: set[int] = set()
+        read_end, write_end = os.pipe()
+        flush_output()  # buffered text would be written twice
+        pid = os.fork()
+        if pid == 0:  # the leader: it never returns into the caller's code
+            try:
+                os.close(read_end)
+                leader.lead(self.plan, job, write_end)
+            finally:
+                os._exit(1)
+        os.close(write_end)
+        self.pid = pid
+        self.tail.start(read_end)
+        try:
+            self.status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        except ChildProcessError:  # reaped behind our back (SIGCHLD ignored in the caller)
+            self.status = 0
+        self.failure = self.failure or leader.read_leader_failure(self.attempt)
+
+    def _stop_all(self) -> None:
+        """SIGTERM lets the leader end its pool and say how; then the whole group is killed."""
+        self.launch_dir.cancel()  # a replica not started yet will not start
+        self.stopped_all = True
+        if self.pid and not self._finished.is_set():
+            self.leader_signals.add(signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+            if not self._finished.wait(STOP_GRACE_S):
+                self.leader_signals.add(signal.SIGKILL)
+        if self.group is not None:
+            self.group.kill()
+
+    def children(self) -> list[ChildExit]:
+        leader_exit = ChildExit(self.pid, self.status, frozenset(getattr(self, "leader_signals", ())))
+        if self.spec.nprocs == 1:  # the leader was the replica
+            return [leader_exit]
+        return [ChildExit(entry.get("pid"), entry.get("exitcode"),
+                          frozenset(entry.get("signals_sent") or ()))
+                for entry in leader.read_exits(self.attempt)]

@@ -1,0 +1,64 @@
+"""What a replica did on the XLA device, read from ``torch_xla.debug.metrics`` as its function ends.
+
+Names follow torch_xla 2.8/2.9: counters ``UncachedCompile`` (graphs compiled), ``MarkStep``
+(graph cuts: ``torch_xla.sync()``, ``xm.mark_step()``), ``aten::<op>`` (ops run on the CPU for
+want of a lowering); metrics ``CompileTime``, ``ExecuteTime``, ``ExecuteReplicatedTime``,
+``TransferToDeviceTime``, ``TransferFromDeviceTime`` as (samples, total ns, recent samples).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from typing import Any
+
+DEBUG_VAR = "XLAUNCH_XLA_DEBUG"  # 1: the replicas run torch_xla's compilation analysis
+DEBUG_FILE_VAR = "PT_XLA_DEBUG_FILE"
+# Counted with the fallbacks, but it is reading a value to the host (.item(), .tolist()): it
+# shows in the transfers from the device, and has no lowering to want.
+VALUE_READS = ("aten::_local_scalar_dense",)
+_FRAME = re.compile(r"^\s+\S.* \((?P<where>.+:\d+)\)\s*$")
+_OWN_FRAMES = ("/torch_xla/", "/torch/", "/xlaunch/", "<frozen ")
+
+
+def collect() -> dict[str, Any]:
+    import torch_xla.debug.metrics as met
+
+    def samples(name: str) -> int:
+        data = met.metric_data(name)
+        return int(data[0]) if data else 0
+
+    compile_time = met.metric_data("CompileTime")
+    return dict(
+        compiles=int(met.counter_value("UncachedCompile") or 0),
+        compile_seconds=(compile_time[1] / 1e9) if compile_time else 0.0,
+        executions=samples("ExecuteTime") + samples("ExecuteReplicatedTime"),
+        transfers_to_device=samples("TransferToDeviceTime"),
+        transfers_from_device=samples("TransferFromDeviceTime"),
+        cpu_fallbacks={name: int(met.counter_value(name) or 0) for name in met.counter_names()
+                       if name.startswith("aten::") and name not in VALUE_READS},
+        steps=int(met.counter_value("MarkStep") or 0),
+        compile_sources=compile_sources(os.environ.get(DEBUG_FILE_VAR)),
+    )
+
+
+def compile_sources(path: str | None) -> tuple[tuple[str, int], ...]:
+    """From torch_xla's compilation analysis: the user's line behind each compilation, counted."""
+    if not path:
+        return ()
+    try:
+        text = open(path, encoding="utf-8", errors="replace").read()  # noqa: SIM115
+    except OSError:
+        return ()
+    counts: Counter[str] = Counter()
+    for block in text.split("Python Frame Triggered Execution:")[1:]:
+        for line in block.splitlines()[1:]:
+            line = line.removeprefix("Compilation Analysis:")
+            frame = _FRAME.match(line)
+            if frame is None:
+                break
+            if not any(own in frame["where"] for own in _OWN_FRAMES):
+                counts[frame["where"]] += 1
+                break
+    return tuple(counts.most_common())
