@@ -98,8 +98,9 @@ def warnings_for(ranks: Sequence[RankReport], memory_total: int | None) -> list[
             f"recompilation: rank {worst.rank} compiled {worst.compiles} graphs in {worst.steps} "
             "steps, so graphs are still being compiled step after step. Usual causes: input "
             "shapes that change (pad batches to a fixed size, drop_last=True), Python values "
-            "read from tensors inside the loop (.item(), print, if on a tensor). Run with XLAUNCH_XLA_DEBUG=1 to see which lines "
-            f"trigger compilations; more: {RECOMPILE_DOCS}")
+            "read from tensors inside the loop (.item(), print, if on a tensor). Run with "
+            "XLAUNCH_XLA_DEBUG=1 to see which lines trigger compilations; more: "
+            f"{RECOMPILE_DOCS}")
         warnings += _sources(worst)
     fallbacks: dict[str, int] = {}
     for rank in ranks:
