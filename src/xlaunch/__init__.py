@@ -1,38 +1,29 @@
 """Run a training function on every TPU core, GPU or CPU process with one call.
 
-Names load on first use, so ``import xlaunch`` stays cheap and imports neither torch nor
-torch_xla: a notebook can import it, and ``xlaunch.detect()``, before deciding anything.
+``import xlaunch`` imports neither torch nor torch_xla: a notebook can import it, and call
+``xlaunch.detect()``, before deciding anything. It does load all of xlaunch itself (a few tens of
+milliseconds), so that the first launch in a notebook pays nothing a later one would not.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
-
 __version__ = "0.1.0"
 
-_WHERE = {
-    "notebook_launcher": "launcher",
-    "launch": "launcher",
-    "debug_launcher": "launcher",
-    "ProcessState": "state",
-    "wait_for_everyone": "state",
-    "on_main_process": "state",
-    "on_local_main_process": "state",
-    "on_last_process": "state",
-    "on_process": "state",
-    "on_local_process": "state",
-    "main_process_first": "state",
-    "LaunchError": "errors",
-    "LaunchTimeout": "errors",
-    "ProcessFailure": "errors",
-    "detect": "environment",
-    "Environment": "environment",
-    "DeviceHolder": "holders",
-    "last_report": "launcher",
-    "LaunchReport": "report",
-    "RankReport": "report",
-}
+from .environment import Environment, detect  # noqa: E402
+from .errors import LaunchError, LaunchTimeout, ProcessFailure  # noqa: E402
+from .holders import DeviceHolder  # noqa: E402
+from .launcher import debug_launcher, last_report, launch, notebook_launcher  # noqa: E402
+from .report import LaunchReport, RankReport  # noqa: E402
+from .state import (  # noqa: E402
+    ProcessState,
+    main_process_first,
+    on_last_process,
+    on_local_main_process,
+    on_local_process,
+    on_main_process,
+    on_process,
+    wait_for_everyone,
+)
 
 __all__ = [
     "DeviceHolder",
@@ -56,33 +47,3 @@ __all__ = [
     "on_process",
     "wait_for_everyone",
 ]
-
-if TYPE_CHECKING:
-    from .environment import Environment, detect
-    from .errors import LaunchError, LaunchTimeout, ProcessFailure
-    from .holders import DeviceHolder
-    from .launcher import debug_launcher, last_report, launch, notebook_launcher
-    from .report import LaunchReport, RankReport
-    from .state import (
-        ProcessState,
-        main_process_first,
-        on_last_process,
-        on_local_main_process,
-        on_local_process,
-        on_main_process,
-        on_process,
-        wait_for_everyone,
-    )
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'xlaunch' has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)

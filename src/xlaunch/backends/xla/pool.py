@@ -99,13 +99,17 @@ def import_torch_xla() -> None:
     own; the import runs in a thread of its own so that a server that never answers costs a
     bounded wait and a clear error, not a hung notebook.
     """
-    if "torch_xla" in sys.modules:
+    if "torch_xla.debug.metrics" in sys.modules:
         return
     failed: list[BaseException] = []
 
     def load() -> None:
         try:
+            # What every replica imports too: forked replicas then find it imported.
             import torch_xla  # noqa: F401
+            import torch_xla.debug.metrics  # noqa: F401
+            import torch_xla.distributed.xla_multiprocessing  # noqa: F401
+            import torch_xla.runtime  # noqa: F401
         except BaseException as error:  # noqa: BLE001 - raised in the launch thread below
             failed.append(error)
 
