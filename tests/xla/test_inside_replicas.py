@@ -143,3 +143,28 @@ def test_the_compile_cache_is_written_and_read_back_by_the_next_launch(tmp_path:
     second = xlaunch.notebook_launcher(cached_graph, compile_cache=str(cache))
     # The CPU device writes the cache but cannot deserialize it: the load is tried, no more.
     assert "PersistentCacheLoad" in second
+
+
+def replica_noop(index: int) -> None:
+    return None
+
+
+def test_the_launcher_sees_every_process_of_torch_xlas_pool() -> None:
+    """The record of started processes (a private list of multiprocessing's) must fill."""
+    import threading
+
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    from xlaunch import _compat
+
+    seen: list[tuple[int | None, int | None]] = []
+
+    def spawn() -> None:  # from a thread, as the launcher does: the runtime stays untouched here
+        with _compat.recording_children() as pool:
+            xmp.spawn(replica_noop, start_method="fork")
+            seen.extend((child.pid, child.exitcode) for child in pool)
+
+    thread = threading.Thread(target=spawn)
+    thread.start()
+    thread.join()
+    assert len(seen) == 1 and seen[0][0] and seen[0][1] == 0
