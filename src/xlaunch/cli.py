@@ -181,6 +181,8 @@ def _plan_rows(plan: dict[str, Any]) -> dict[str, Any]:
         rows.update({"threads per process": spec["threads_per_process"],
                      "start method": spec["start_method"],
                      "PJRT device": spec["pjrt_device"] or "(TPU Node: XRT)",
+                     "compile cache": spec["compile_cache"] or "off",
+                     "restarts": spec["max_restarts"],
                      "worker environment": " ".join(changes) or None})
     elif plan["path"] == "elastic":
         rows.update({"start method": spec["start_method"], "port": spec["port"],

@@ -19,7 +19,7 @@ from typing import Any
 
 from .launch_dir import atomic_write
 
-RECOMPILE_DOCS = "https://pytorch.org/xla/master/perf/recompilation.html"
+RECOMPILE_DOCS = "https://docs.pytorch.org/xla/release/r2.8/perf/recompilation.html"
 MEMORY_NEAR = 0.8  # a rank whose peak passes this share of the machine's memory is warned about
 STEADY_COMPILES = 4  # a training loop compiles a handful of graphs (a warm-up), then reuses them
 
