@@ -59,6 +59,18 @@ class Child:
             os.kill(self.pid, number)  # type: ignore[arg-type]
 
 
+def kill_and_reap(children: list[Child], within: float) -> None:
+    """SIGKILL whatever of ``children`` still runs (noted as the launcher's), then reap them all."""
+    import time
+
+    for child in children:
+        child.send(signal.SIGKILL)
+    deadline = time.monotonic() + within
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.process.join(max(0.0, deadline - time.monotonic()))
+
+
 class _RecordingSet(set):  # type: ignore[type-arg]
     """Stands in for multiprocessing's set of children, remembering every process started."""
 

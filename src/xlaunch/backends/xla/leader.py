@@ -17,7 +17,6 @@ import faulthandler
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -90,12 +89,7 @@ def _spawn(spec: XlaSpec, job: replica.Job) -> int:
 def _end_pool() -> None:
     """Kill what is left of the pool (noted as ours), reap it, record how each process ended."""
     pool = list(_POOL)
-    for child in pool:
-        child.send(signal.SIGKILL)
-    deadline = time.monotonic() + REAP_S
-    for child in pool:
-        with contextlib.suppress(Exception):
-            child.process.join(max(0.0, deadline - time.monotonic()))
+    _compat.kill_and_reap(pool, REAP_S)
     exits = [{"pid": c.pid, "exitcode": c.exitcode, "signals_sent": sorted(c.signals_sent)}
              for c in pool if c.pid is not None]
     if _ATTEMPT is not None:

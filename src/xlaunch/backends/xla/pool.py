@@ -65,11 +65,7 @@ class PoolRun(AttemptRun):
 
     def _end_pool(self) -> None:
         """Kill what is left of the pool (noted as the launcher's doing) and reap it."""
-        for child in self._pool:
-            child.send(signal.SIGKILL)
-        for child in self._pool:
-            with contextlib.suppress(Exception):
-                child.process.join(REAP_S)
+        _compat.kill_and_reap(self._pool, REAP_S)
 
     def _stop_all(self) -> None:
         self.stopped_all = True
