@@ -23,7 +23,11 @@ _OWN_FRAMES = ("/torch_xla/", "/torch/", "/xlaunch/", "<frozen ")
 
 
 def collect() -> dict[str, Any]:
+    import torch_xla.core.xla_model as xm
     import torch_xla.debug.metrics as met
+
+    # Executions run asynchronously after a sync: let the last ones finish, so they are counted.
+    xm.wait_device_ops()
 
     def samples(name: str) -> int:
         data = met.metric_data(name)
