@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, in tiers: lint and types, core tests (torch CPU), notebooks in a real
-# Jupyter kernel, the docs build, and the torch_xla tier in its own venv.
+# Jupyter kernel, the docs build, the package as built and installed, and the torch_xla tiers
+# (2.9, and 2.8 as Kaggle's TPU image pins it), each in its own venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_venv.sh
@@ -24,11 +25,21 @@ fi
 if [ -f mkdocs.yml ]; then
   run_tier "docs build (mkdocs --strict)" "$BIN/mkdocs" build --strict --quiet --site-dir "$(mktemp -d)"
 fi
+# The wheel and sdist as a user gets them: built, twine-checked, installed into a fresh venv
+# (torch 2.13.0 from this machine's disk), and run from there without this checkout.
+run_tier "packaging (build, twine check, a fresh venv: xlaunch env, a 2-process run)" \
+  bash scripts/package_check.sh "$PY"
+xla_tier() {  # xla_tier NAME REQUIREMENTS: the XLA suite (TPU notebooks included) on one release
+  local xpy version
+  xpy=$(checkout_venv "$1" "$2")
+  pip_quiet "$xpy" -r requirements/xla-test.txt
+  version=$("$xpy" -c 'import importlib.metadata as m; print(m.version("torch_xla"))')
+  run_tier "torch_xla $version tier (PJRT_DEVICE=CPU)" env PJRT_DEVICE=CPU CPU_NUM_DEVICES=1 \
+    "$xpy" -m pytest tests/xla -q -p no:cacheprovider
+}
 if [ -d tests/xla ] && [ "${XLAUNCH_SKIP_XLA:-0}" != 1 ]; then
-  XPY=$(checkout_venv xla requirements/xla.txt)
-  pip_quiet "$XPY" -r requirements/xla-test.txt
-  run_tier "torch_xla tier (PJRT_DEVICE=CPU)" env PJRT_DEVICE=CPU CPU_NUM_DEVICES=1 \
-    "$XPY" -m pytest tests/xla -q -p no:cacheprovider
+  xla_tier xla requirements/xla.txt      # the newest torch_xla (what a TPU VM installs)
+  xla_tier xla28 requirements/xla28.txt  # the release Kaggle's TPU image pins
 fi
 # Legacy TPU Nodes: the real cloud-tpu-client (old protobuf and Google API pins) in its own venv,
 # talking to a loopback stand-in for the TPU API.

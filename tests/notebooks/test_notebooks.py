@@ -2,9 +2,12 @@
 
 The kernel runs with ``XLAUNCH_NOTEBOOK_CI=1`` (the install cell skips pip) and
 ``XLAUNCH_ACCELERATOR=cpu``: each notebook's launch cell then asks for 2 CPU processes, so the
-launched training runs for real through the fallback path. Cells are found by their tags
-(``install``, ``env``, ``train``, ``launch``, ``check``); the launch cell leaves its return value
-in ``result``.
+launched training runs for real through the fallback path. The TPU notebooks stop at their
+``runtime`` cell on a runtime without a TPU unless ``XLAUNCH_NOTEBOOK_ALLOW_NO_TPU=1`` (set here for
+the end-to-end runs; one test checks the stop itself). Their XLA code runs in tests/xla, in a kernel
+of the torch_xla venv. Cells are found by their tags (``install``, ``env``, ``train``, ``launch``,
+``check``, and ``runtime`` in the TPU notebooks); the launch cell leaves its return value in
+``result``.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ from nbkernel import CELL_TIMEOUT, KERNEL_NAME, STARTUP_TIMEOUT, descendants, ki
 
 COLAB = Path(__file__).resolve().parents[2] / "colab"
 NOTEBOOKS = sorted(COLAB.glob("*.ipynb"))
-EXPECTED = {"tpu_colab_quickstart.ipynb", "tpu_kaggle_v3_8.ipynb", "gpu_cpu_fallback.ipynb"}
-TPU_NOTEBOOKS = {"tpu_colab_quickstart.ipynb", "tpu_kaggle_v3_8.ipynb"}
+EXPECTED = {"tpu_colab_quickstart.ipynb", "tpu_kaggle.ipynb", "gpu_cpu_fallback.ipynb"}
+# The menu each TPU notebook names when the runtime has no TPU.
+TPU_MENUS = {"tpu_colab_quickstart.ipynb": "Runtime > Change runtime type > TPU",
+             "tpu_kaggle.ipynb": "Settings > Accelerator > TPU"}
+TPU_NOTEBOOKS = set(TPU_MENUS)
 REQUIRED_TAGS = ("install", "env", "train", "launch", "check")
 RESULT_MARK = "XLAUNCH-TEST-RESULT "
 
@@ -63,11 +69,17 @@ def test_notebook_is_stripped_v4_and_complete(path: Path):
     assert "disable=not state.is_local_main_process" in tagged(nb, "train").source
     launch = tagged(nb, "launch").source
     assert "notebook_launcher(train" in launch and "result = " in launch
+    # Plain xlaunch everywhere: the TPU images' torch, torch_xla and libtpu stay as they are.
+    assert re.search(r"^\s*%pip install --quiet xlaunch$", install, re.M), install
     if path.name in TPU_NOTEBOOKS:
-        assert '"xlaunch[tpu]"' in install
+        assert "XLAUNCH_NOTEBOOK_ALLOW_NO_TPU" in tagged(nb, "runtime").source
+        assert TPU_MENUS[path.name] in tagged(nb, "runtime").source
         assert 'mixed_precision="bf16"' in launch
-    links = "".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
-    assert f"/blob/main/colab/{path.name}" in links
+    # No links to a home the project does not have yet: the first cell says how to open the file.
+    assert "http" not in "".join(cell.source for cell in nb.cells)
+    opening = nb.cells[0].source
+    assert f"`colab/{path.name}`" in opening
+    assert "File > Upload notebook" in opening or "File > Import Notebook" in opening
 
 
 def execute(path: Path, kernel_env: dict[str, str], cwd: Path) -> tuple[nbformat.NotebookNode, list]:
@@ -99,7 +111,7 @@ def execute(path: Path, kernel_env: dict[str, str], cwd: Path) -> tuple[nbformat
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_end_to_end(path: Path, kernel_env: dict[str, str], tmp_path: Path):
-    nb, alive = execute(path, kernel_env, tmp_path)
+    nb, alive = execute(path, dict(kernel_env, XLAUNCH_NOTEBOOK_ALLOW_NO_TPU="1"), tmp_path)
     assert not errors(nb)
     assert not alive, f"the launch left processes running in the kernel: {alive}"
 
@@ -130,3 +142,38 @@ def test_notebook_runs_end_to_end(path: Path, kernel_env: dict[str, str], tmp_pa
         assert "root cause: rank 1" in failure and "ValueError: bad batch in process 1" in failure
         if "[secondary failure" in failure:  # a peer's broken barrier, when it lost the race
             assert failure.index("[root cause] rank 1") < failure.index("[secondary failure")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(TPU_NOTEBOOKS))
+def test_tpu_notebook_stops_on_a_runtime_without_a_tpu(name: str, kernel_env: dict[str, str],
+                                                        tmp_path: Path):
+    """Run all, as a user would on a CPU runtime: the runtime cell stops it, naming the menu."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    env = dict(kernel_env)
+    for variable in ("XLAUNCH_ACCELERATOR", "XLAUNCH_NOTEBOOK_ALLOW_NO_TPU"):
+        env.pop(variable, None)  # a plain runtime: whatever this machine has, and it has no TPU
+    nb = nbformat.read(COLAB / name, as_version=4)
+    client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=CELL_TIMEOUT,
+                            startup_timeout=STARTUP_TIMEOUT)
+    stopped_at = None
+    seen: list[psutil.Process] = []
+    with client.setup_kernel(env=env, cwd=str(tmp_path)):
+        kernel_pid = client.km.provisioner.process.pid
+        for index, cell in enumerate(nb.cells):
+            try:
+                client.execute_cell(cell, index)
+            except CellExecutionError:
+                stopped_at = index
+                break
+            finally:
+                seen.extend(descendants(kernel_pid))
+    assert not kill_all(seen), "processes outlived the kernel"
+    assert stopped_at is not None and nb.cells[stopped_at] is tagged(nb, "runtime"), stopped_at
+    (error,) = [o for o in nb.cells[stopped_at].outputs if o.output_type == "error"]
+    assert error.ename == "RuntimeError"
+    assert "needs a TPU runtime" in error.evalue and TPU_MENUS[name] in error.evalue, error.evalue
+    assert "gpu_cpu_fallback.ipynb" in error.evalue
+    assert tagged(nb, "launch").outputs == [], "nothing ran after the stop"
