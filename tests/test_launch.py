@@ -200,6 +200,19 @@ def test_timeout_stops_every_rank_and_shows_where_each_stood():
         assert not psutil.pid_exists(failure.pid) or psutil.Process(failure.pid).status() == "zombie"
 
 
+def return_on_rank_zero_sleep_on_rank_one():
+    if xlaunch.ProcessState().process_index == 0:
+        return "done"
+    time.sleep(100)
+
+
+def test_a_timeout_lists_only_the_ranks_still_working():
+    with pytest.raises(LaunchTimeout) as caught:
+        notebook_launcher(return_on_rank_zero_sleep_on_rank_one, num_processes=2, timeout=5)
+    assert [f.rank for f in caught.value.failures] == [1]
+    assert "time.sleep(100)" in caught.value.failures[0].stack or "sleep" in str(caught.value)
+
+
 def test_timeout_in_a_single_inline_process():
     with pytest.raises(LaunchTimeout) as caught:
         notebook_launcher(time.sleep, args=(100,), num_processes=1, timeout=1)

@@ -39,7 +39,10 @@ ENDS = {
     "stopped-hard": lambda r, when: RankExit(r, 100 + r, -KILL, signals_sent=frozenset({TERM, KILL})),
     "cancelled": lambda r, when: RankExit(r, 100 + r, CANCELLED_EXIT),
     "finished": lambda r, when: RankExit(r, 100 + r, 0),
+    "returned-then-killed": lambda r, when: RankExit(r, 100 + r, -KILL, returned=True,
+                                                     signals_sent=frozenset({KILL})),
 }
+DONE = {"finished", "returned-then-killed"}  # the function returned: no failure, whatever came after
 DIED = {"killed-itself", "segfault-after-term", "exit-3"}
 RAISED = {"raised", "raised-other"}
 SECONDARY = {"lost-peer", "stopped", "stopped-hard", "cancelled"}
@@ -61,7 +64,7 @@ def check(kinds, whens, shuffle_seed=0, timed_out=False):
     exits = [ENDS[kind](rank, when) for rank, (kind, when) in enumerate(zip(kinds, whens, strict=True))]
     random.Random(shuffle_seed).shuffle(exits)  # the order ranks are listed in must not matter
     error = judge(Outcome("elastic", len(kinds), tuple(exits), timed_out=timed_out, timeout=5))
-    failed = [r for r, kind in enumerate(kinds) if kind != "finished"]
+    failed = [r for r, kind in enumerate(kinds) if kind not in DONE]
     if timed_out:
         assert isinstance(error, LaunchTimeout)
     elif not failed:

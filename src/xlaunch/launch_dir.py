@@ -124,6 +124,15 @@ def worker_places(attempt: Path) -> dict[int, tuple[int, int]]:
     return places
 
 
+def note_returned(attempt: Path, rank: int) -> None:
+    (attempt / f"returned-{rank}").touch()
+
+
+def returned_ranks(attempt: Path) -> frozenset[int]:
+    return frozenset(int(path.name[9:]) for path in attempt.glob("returned-*")
+                     if path.name[9:].isdigit())
+
+
 def record_failure(attempt: Path, failure: ProcessFailure) -> None:
     atomic_write(attempt / f"failure-{failure.rank}.json", failure.to_json())
 

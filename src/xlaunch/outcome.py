@@ -55,6 +55,7 @@ class RankExit:
     signals_sent: frozenset[int] = frozenset()  # what the launcher or its engine sent it
     stack: str = ""  # where it stood when it was stopped at the timeout
     stderr_tail: str = ""
+    returned: bool = False  # the function returned in this rank (its process may linger after)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ def classify(rank_exit: RankExit, timed_out: bool) -> str | None:
     record = rank_exit.record
     if record is not None:
         return LOST_PEER if lost_a_peer(record) else RAISED
+    if rank_exit.returned:  # its work was done; what ended the process afterwards hurt nothing
+        return None
     code = rank_exit.exitcode
     if code == CANCELLED_EXIT:
         return STOPPED

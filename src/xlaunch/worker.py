@@ -23,7 +23,7 @@ from typing import IO, Any
 from . import process_group
 from .errors import ProcessFailure
 from .hints import hint_for
-from .launch_dir import STACK_SIGNAL, LaunchDir, record_failure, write_pid
+from .launch_dir import STACK_SIGNAL, LaunchDir, note_returned, record_failure, write_pid
 from .outcome import CANCELLED_EXIT
 from .output import PrefixedStream
 from .report import write_rank_report
@@ -103,9 +103,12 @@ class Worker:
             raise SystemExit(CANCELLED_EXIT)
         started = time.perf_counter()
         try:
-            return function(*args)
+            result = function(*args)
+            note_returned(self.attempt, self.rank)
+            return result
         except SystemExit as stop:
             if stop.code in (0, None):
+                note_returned(self.attempt, self.rank)
                 return None
             code = stop.code if isinstance(stop.code, int) else 1
             self.record_failure(stop, exitcode=code, skip_frames=1)

@@ -10,3 +10,6 @@ import os
 os.environ["PJRT_DEVICE"] = "CPU"
 os.environ["CPU_NUM_DEVICES"] = "1"
 os.environ["XLAUNCH_ACCELERATOR"] = "xla"  # the XLA path, whatever the machine has
+# torch 2.8's CUDA build (with triton) starts inductor's compile workers when torch_xla is
+# imported; they would count as processes a test left behind.
+os.environ.setdefault("TORCH_WARM_POOL", "0")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ProcessFailure
-from ..launch_dir import read_failures, read_stacks, worker_places
+from ..launch_dir import read_failures, read_stacks, returned_ranks, worker_places
 from ..outcome import RankExit
 
 
@@ -35,12 +35,14 @@ class AttemptFiles:
     places: Mapping[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (pid, local)
     records: Mapping[int, ProcessFailure] = field(default_factory=dict)
     stacks: Mapping[int, str] = field(default_factory=dict)
+    returned: frozenset[int] = frozenset()  # ranks whose function returned
 
     @classmethod
     def read(cls, folder: Path | None) -> AttemptFiles:
         if folder is None or not folder.exists():
             return cls()
-        return cls(worker_places(folder), read_failures(folder), read_stacks(folder))
+        return cls(worker_places(folder), read_failures(folder), read_stacks(folder),
+                   returned_ranks(folder))
 
 
 def elastic_exits(children: Sequence[ChildExit], attempts: Sequence[AttemptFiles],
@@ -98,4 +100,5 @@ def xla_exits(children: Sequence[ChildExit], files: AttemptFiles, world_size: in
 def _rank_exit(rank: int, child: ChildExit, files: AttemptFiles, tail: str = "") -> RankExit:
     return RankExit(rank=rank, pid=child.pid, exitcode=child.exitcode,
                     record=files.records.get(rank), signals_sent=child.signals_sent,
-                    stack=files.stacks.get(rank, ""), stderr_tail=tail)
+                    stack=files.stacks.get(rank, ""), stderr_tail=tail,
+                    returned=rank in files.returned)

@@ -37,12 +37,12 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
     spec = plan.spec
     assert isinstance(spec, XlaSpec)
     refuse_initialised_runtime()
+    env = {WORLD_VAR: "xla", MIXED_PRECISION_VAR: plan.mixed_precision, **spec.worker_env}
+    if spec.legacy_tpu_node:  # configured (or refused, naming the torch_xla it needs) first
+        env.update(prepare_tpu_node(os.environ))
     require_torch_xla()
     if spec.start_method != "fork":
         check_picklable(function, args)
-    env = {WORLD_VAR: "xla", MIXED_PRECISION_VAR: plan.mixed_precision, **spec.worker_env}
-    if spec.legacy_tpu_node:  # configured (or refused) before anything starts
-        env.update(prepare_tpu_node(os.environ))
     launch_dir = LaunchDir.create()
     setup = WorkerSetup(
         launch_dir.path, env,

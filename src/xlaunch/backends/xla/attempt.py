@@ -7,6 +7,7 @@ launch leader first, for the one replica ``xmp.spawn(nprocs=1)`` would otherwise
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import threading
 import time
@@ -105,7 +106,7 @@ class AttemptRun:
     def exits(self) -> tuple[RankExit, ...]:
         """Each replica's end, from how each process ended and the replicas' own files."""
         files = AttemptFiles.read(self.attempt)
-        files = AttemptFiles(files.places, files.records, self.stacks or files.stacks)
+        files = dataclasses.replace(files, stacks=self.stacks or files.stacks)
         tails = {rank: self.tail.lines(rank) for rank in files.places}
         return xla_exits(self.children(), files, self.plan.world_size, tails, self.stopped_all)
 

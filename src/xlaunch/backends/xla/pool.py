@@ -25,6 +25,7 @@ from .attempt import AttemptRun
 from .metrics import DEBUG_VAR
 
 IMPORT_LIMIT_S = 120.0
+WARM_POOL = "TORCH_WARM_POOL"
 REAP_S = 2.0
 
 
@@ -110,8 +111,11 @@ def import_torch_xla() -> None:
             failed.append(error)
 
     loader = threading.Thread(target=load, name="xlaunch-import-torch_xla")
-    loader.start()
-    loader.join(IMPORT_LIMIT_S)
+    # torch 2.8's CUDA build starts inductor's compile workers when torch_xla imports it:
+    # processes the notebook would keep for nothing. Unless asked for, not at this import.
+    with _environment({WARM_POOL: os.environ.get(WARM_POOL, "0")}):
+        loader.start()
+        loader.join(IMPORT_LIMIT_S)
     if loader.is_alive():
         raise RuntimeError(
             f"import torch_xla did not finish in {IMPORT_LIMIT_S:.0f} s. On a TPU VM it asks the "

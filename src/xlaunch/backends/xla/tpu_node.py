@@ -27,8 +27,10 @@ def prepare_tpu_node(environ: Mapping[str, str], xla_version: str | None = None)
             "This runtime is a legacy TPU Node (COLAB_TPU_ADDR / TPU_NAME name a remote TPU; this "
             "machine has no TPU chips). TPU Nodes run only with torch_xla 2.0 or older (the XRT "
             "runtime) plus cloud-tpu-client, and Google ended them in 2025; here "
-            f"{found}. Switch to a TPU VM runtime (Colab: Runtime > Change runtime type > a v5e "
-            "or v6e TPU), or install torch_xla<=2.0 with `pip install 'xlaunch[tpu-node]'`."
+            f"{found}. The package registry no longer offers torch_xla 2.0 or older: switch to "
+            "a TPU VM runtime (Colab: Runtime > Change runtime type > a v5e or v6e TPU). On an "
+            "image that still has torch_xla <= 2.0 installed, add cloud-tpu-client "
+            "(`pip install 'xlaunch[tpu-node]'`)."
         )
     import cloud_tpu_client
 
