@@ -104,7 +104,8 @@ def _process_exists(pid: int) -> bool:
 
 
 def write_pid(attempt: Path, rank: int, local_rank: int) -> None:
-    atomic_write(attempt / f"pid-{rank}", f"{os.getpid()} {local_rank}")
+    # One small write; a reader that finds it half-written skips it (worker_places).
+    (attempt / f"pid-{rank}").write_text(f"{os.getpid()} {local_rank}")
 
 
 def worker_pids(attempt: Path) -> dict[int, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import functools
 import os
 import pickle
 import signal
@@ -182,13 +183,23 @@ def to_cpu(value: Any) -> Any:
 
 def die_with_parent() -> None:
     """Linux: end this process if the thread that started it ends (even by SIGKILL)."""
+    libc = _libc()
+    if libc is not None:
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> Any:
+    """The C library, loaded once (in the caller: forked workers find it loaded)."""
     if not sys.platform.startswith("linux"):
-        return
+        return None
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_libc()  # loaded here, once: every forked worker then has it at hand
