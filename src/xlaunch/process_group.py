@@ -59,8 +59,7 @@ class LaunchGroup:
         with contextlib.suppress(OSError):
             self._pipe.close()
         deadline = time.monotonic() + END_WAIT_S
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._guard.wait(timeout=END_WAIT_S)
+        self._guard.wait()  # killed just now: this returns the moment it is gone
         # Killed members whose parent is gone are reaped by init; until then they hold the group.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             while time.monotonic() < deadline:
