@@ -386,7 +386,9 @@ def test_log_line_prefix_template_reaches_the_engine(tmp_path):
 def test_sigint_stops_every_worker_and_the_next_launch_works(tmp_path):
     script = tmp_path / "interrupted.py"
     script.write_text(textwrap.dedent(f"""
-        import os, time, xlaunch
+        import os, signal, time, xlaunch
+        # Ctrl-C raises KeyboardInterrupt, as in a notebook, even if this started with it ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         def sleeper():
             open(os.path.join({str(tmp_path)!r}, "pid-" + os.environ["RANK"]), "w").write(str(os.getpid()))
             time.sleep(100)

@@ -24,6 +24,10 @@ ROUND = """
     import json, os, random, signal, sys, threading, time
     import psutil, xlaunch
 
+    # Ctrl-C raises KeyboardInterrupt, as in a notebook kernel, even when this process started
+    # with SIGINT ignored (a shell's background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     def sleeper():
         time.sleep(100)
 
@@ -92,7 +96,8 @@ def test_a_stop_in_the_first_milliseconds_with_torch_already_imported(tmp_path: 
 
 
 WORKER_WITH_A_CHILD = """
-    import os, subprocess, sys, time, xlaunch
+    import os, signal, subprocess, sys, time, xlaunch
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a notebook kernel does
     folder, how = sys.argv[1], sys.argv[2]
 
     def train():

@@ -9,14 +9,13 @@ venv's ``bin`` first on ``PATH`` so that ``!xlaunch env`` finds the installed co
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from nbkernel import KERNEL_NAME, Kernel
+
+from tests.kernels import kernel_environment
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -28,36 +27,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def kernel_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Register this interpreter's kernel under a private name; the environment kernels get."""
-    jupyter_dir = tmp_path_factory.mktemp("jupyter")
-    spec_dir = jupyter_dir / "kernels" / KERNEL_NAME
-    spec_dir.mkdir(parents=True)
-    spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "xlaunch tests",
-        "language": "python",
-    }
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    saved = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(jupyter_dir), saved]))
-    bin_dir = os.path.dirname(sys.executable)
-    env = dict(
-        os.environ,
-        XLAUNCH_NOTEBOOK_CI="1",
-        XLAUNCH_ACCELERATOR="cpu",
-        PATH=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
-        IPYTHONDIR=str(tmp_path_factory.mktemp("ipython")),  # no shared history database
-        JUPYTER_RUNTIME_DIR=str(tmp_path_factory.mktemp("runtime")),
-        PYDEVD_DISABLE_FILE_VALIDATION="1",
-    )
-    for name in ("JPY_PARENT_PID", "JPY_SESSION_NAME"):
-        env.pop(name, None)
-    try:
+    with kernel_environment(tmp_path_factory, KERNEL_NAME, "xlaunch tests",
+                            XLAUNCH_ACCELERATOR="cpu") as env:
         yield env
-    finally:
-        if saved is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = saved
 
 
 @pytest.fixture(scope="module")

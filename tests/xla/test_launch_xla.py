@@ -282,6 +282,7 @@ INTERRUPTED = """
         while True:
             time.sleep(0.05)
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     handler = signal.getsignal(signal.SIGINT)
     try:
         xlaunch.notebook_launcher(sleeper)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.kernels import kernel_environment
 
 pytestmark = [
     pytest.mark.xla,
@@ -81,36 +81,13 @@ print({MARK!r} + json.dumps({{"notebook": result, "probe": probed}}))
 
 @pytest.fixture(scope="module")
 def kernel_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A kernelspec for this interpreter, found through JUPYTER_PATH; the kernel's environment."""
-    jupyter_dir = tmp_path_factory.mktemp("jupyter")
-    spec_dir = jupyter_dir / "kernels" / KERNEL_NAME
-    spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "xlaunch torch_xla tests", "language": "python"}))
-    saved = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(jupyter_dir), saved]))
-    env = dict(
-        os.environ,  # the tier's XLAUNCH_ACCELERATOR=xla PJRT_DEVICE=CPU CPU_NUM_DEVICES=1
-        XLAUNCH_NOTEBOOK_CI="1",  # the install cell skips pip
-        PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
-        IPYTHONDIR=str(tmp_path_factory.mktemp("ipython")),
-        JUPYTER_RUNTIME_DIR=str(tmp_path_factory.mktemp("runtime")),
-        PYDEVD_DISABLE_FILE_VALIDATION="1",
-        # torch 2.8's CUDA build starts inductor's compile-worker pool when torch_xla is imported:
-        # processes of torch's, not of a launch, that would blur the check on what a launch left.
-        TORCH_WARM_POOL="0",
-    )
-    env.pop("XLAUNCH_NOTEBOOK_ALLOW_NO_TPU", None)  # XLA must pass the runtime check on its own
-    for name in ("JPY_PARENT_PID", "JPY_SESSION_NAME"):
-        env.pop(name, None)
-    try:
+    """A kernel of the torch_xla venv; the tier's XLAUNCH_ACCELERATOR=xla PJRT_DEVICE=CPU stay."""
+    # torch 2.8's CUDA build starts inductor's compile-worker pool when torch_xla is imported:
+    # processes of torch's, not of a launch, that would blur the check on what a launch left.
+    with kernel_environment(tmp_path_factory, KERNEL_NAME, "xlaunch torch_xla tests",
+                            TORCH_WARM_POOL="0") as env:
+        env.pop("XLAUNCH_NOTEBOOK_ALLOW_NO_TPU", None)  # XLA must pass the runtime check itself
         yield env
-    finally:
-        if saved is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = saved
 
 
 def tagged(nb: nbformat.NotebookNode, tag: str) -> nbformat.NotebookNode:

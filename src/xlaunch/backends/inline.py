@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import _compat
+from ..envvars import overlay
 from ..errors import ProcessFailure
 from ..outcome import Outcome, RankExit
 from ..plan import LaunchPlan
@@ -35,7 +36,7 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
     pid = os.getpid()
     ended: dict[str, Any] = {}
     try:
-        with _environment({MIXED_PRECISION_VAR: plan.mixed_precision, RESTART_VAR: "0"}), \
+        with overlay({MIXED_PRECISION_VAR: plan.mixed_precision, RESTART_VAR: "0"}), \
                 _deadline(plan.timeout, stack):
             result = function(*args)
         rank_exit = RankExit(rank=0, pid=pid, exitcode=0)
@@ -50,20 +51,6 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
         ended["exception"] = error
     measured = (RankReport(0, time.perf_counter() - started, peak_rss_bytes()),)
     return Outcome("inline", 1, (rank_exit,), timeout=plan.timeout, report=measured, **ended)
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 @contextlib.contextmanager

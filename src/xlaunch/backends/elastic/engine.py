@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import _compat
+from ...envvars import overlay
 from ...launch_dir import LaunchDir, dump_stacks, worker_pids
 from ...plan import ElasticSpec, LaunchPlan
 from ...process_group import LaunchGroup
@@ -181,21 +182,11 @@ def _local_handler(params: Any) -> Any:
     return LocalRendezvousHandler(params.endpoint, params.run_id, int(params.get("port")))
 
 
-@contextlib.contextmanager
-def _shared_store_off(spec: ElasticSpec) -> Iterator[None]:
+def _shared_store_off(spec: ElasticSpec) -> contextlib.AbstractContextManager[None]:
     """c10d over a file still starts a TCPStore for the workers unless told not to share one."""
     if not (spec.loopback_only and spec.rdzv_backend == "c10d"):
-        yield
-        return
-    saved = os.environ.get(_compat.SHARED_STORE_OFF)
-    os.environ[_compat.SHARED_STORE_OFF] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(_compat.SHARED_STORE_OFF, None)
-        else:
-            os.environ[_compat.SHARED_STORE_OFF] = saved
+        return contextlib.nullcontext()
+    return overlay({_compat.SHARED_STORE_OFF: "1"})
 
 
 @contextlib.contextmanager

@@ -9,15 +9,14 @@ environment while the pool starts, and put back after.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
 
 from ... import _compat
+from ...envvars import overlay
 from ...worker import flush_output
 from ..exits import ChildExit
 from . import replica
@@ -41,7 +40,7 @@ class PoolRun(AttemptRun):
         job = dataclasses.replace(self.job, setup=setup, stderr_fd=write_end)
         self._pool: list[_compat.Child] = []
         try:
-            with _compat.recording_children() as pool, _environment(self._variables()):
+            with _compat.recording_children() as pool, overlay(self._variables()):
                 self._pool = pool
                 _spawn(job)
         except SystemExit:
@@ -113,7 +112,7 @@ def import_torch_xla() -> None:
     loader = threading.Thread(target=load, name="xlaunch-import-torch_xla")
     # torch 2.8's CUDA build starts inductor's compile workers when torch_xla imports it:
     # processes the notebook would keep for nothing. Unless asked for, not at this import.
-    with _environment({WARM_POOL: os.environ.get(WARM_POOL, "0")}):
+    with overlay({WARM_POOL: os.environ.get(WARM_POOL, "0")}):
         loader.start()
         loader.join(IMPORT_LIMIT_S)
     if loader.is_alive():
@@ -124,21 +123,3 @@ def import_torch_xla() -> None:
             "TPU_ACCELERATOR_TYPE (for example v5litepod-8) before launching.")
     if failed:
         raise failed[0]
-
-
-@contextlib.contextmanager
-def _environment(values: Mapping[str, str | None]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    for name, value in values.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
