@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_PORT = "29500"
+MIXED_PRECISIONS = ("no", "fp16", "bf16")
+RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+START_METHODS = ("fork", "spawn", "forkserver")
 
 
 class _Default(float):

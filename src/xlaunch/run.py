@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from .plan import MIXED_PRECISIONS, RDZV_BACKENDS, START_METHODS
+from .options import MIXED_PRECISIONS, RDZV_BACKENDS, START_METHODS
 
 TIMEOUT_EXIT = 124  # what coreutils' `timeout` exits with; no rank failed, the clock ran out
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports Ctrl-C
