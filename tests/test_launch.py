@@ -191,7 +191,8 @@ def rank_one_never_reaches_the_barrier():
 @pytest.mark.timeout(60)
 def test_timeout_stops_every_rank_and_shows_where_each_stood():
     with pytest.raises(LaunchTimeout) as caught:
-        notebook_launcher(rank_one_never_reaches_the_barrier, num_processes=2, timeout=3)
+        # long enough for the workers to start on a loaded machine, so each has a stack to show
+        notebook_launcher(rank_one_never_reaches_the_barrier, num_processes=2, timeout=15)
     stacks = {f.rank: f.stack for f in caught.value.failures}
     assert set(stacks) == {0, 1}
     assert "wait_for_everyone" in stacks[0]
@@ -208,7 +209,7 @@ def return_on_rank_zero_sleep_on_rank_one():
 
 def test_a_timeout_lists_only_the_ranks_still_working():
     with pytest.raises(LaunchTimeout) as caught:
-        notebook_launcher(return_on_rank_zero_sleep_on_rank_one, num_processes=2, timeout=5)
+        notebook_launcher(return_on_rank_zero_sleep_on_rank_one, num_processes=2, timeout=15)
     assert [f.rank for f in caught.value.failures] == [1]
     assert "time.sleep(100)" in caught.value.failures[0].stack or "sleep" in str(caught.value)
 

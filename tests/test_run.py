@@ -111,9 +111,10 @@ def test_timeout_stops_every_rank_and_exits_124(tmp_path):
 
         wait_for_data()
         """)
-    result = xlaunch_run("--num-processes", "2", "--timeout", "3", "stuck.py", cwd=tmp_path)
+    # long enough for the workers to start on a loaded machine, so each has a stack to show
+    result = xlaunch_run("--num-processes", "2", "--timeout", "15", "stuck.py", cwd=tmp_path)
     assert result.returncode == 124, result.stderr
-    assert "timeout=3.0" in result.stderr
+    assert "timeout=15.0" in result.stderr
     assert "wait_for_data" in result.stderr  # where each rank stood when it was stopped
 
 

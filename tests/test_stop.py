@@ -111,7 +111,7 @@ WORKER_WITH_A_CHILD = """
         time.sleep(300)
 
     try:
-        xlaunch.notebook_launcher(train, num_processes=2, timeout=4 if how == "timeout" else None)
+        xlaunch.notebook_launcher(train, num_processes=2, timeout=15 if how == "timeout" else None)
     except BaseException as error:
         print(type(error).__name__, flush=True)
 """
