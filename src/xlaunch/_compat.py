@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -61,8 +62,6 @@ class Child:
 
 def kill_and_reap(children: list[Child], within: float) -> None:
     """SIGKILL whatever of ``children`` still runs (noted as the launcher's), then reap them all."""
-    import time
-
     for child in children:
         child.send(signal.SIGKILL)
     deadline = time.monotonic() + within

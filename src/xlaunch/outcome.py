@@ -18,7 +18,6 @@ The root cause is decided from those facts alone, never from when a thread happe
 from __future__ import annotations
 
 import dataclasses
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,9 +171,3 @@ def _timeout_summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:
     return (f"the launch did not finish within timeout={outcome.timeout} s and was "
             f"stopped{where}")
 
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"

@@ -13,17 +13,21 @@ import dataclasses
 import os
 import signal
 
+from ...plan import LaunchPlan
 from ...worker import flush_output
 from ..exits import ChildExit
-from . import leader
+from . import leader, replica
 from .attempt import AttemptRun
 
 STOP_GRACE_S = 2.0  # the leader's time to stop its pool before the whole group is killed
 
 
 class LeaderRun(AttemptRun):
-    pid = 0
-    status: int | None = None  # the leader's exit status once reaped (-N: signal N)
+    def __init__(self, plan: LaunchPlan, job: replica.Job) -> None:
+        super().__init__(plan, job)
+        self.pid = 0
+        self.status: int | None = None  # the leader's exit status once reaped (-N: signal N)
+        self.leader_signals: set[int] = set()  # what the launcher sent the leader
 
     def _run(self) -> None:
         if not self._begin():
@@ -31,7 +35,6 @@ class LeaderRun(AttemptRun):
         assert self.group is not None
         setup = dataclasses.replace(self.job.setup, group=self.group.ticket(forked=True))
         job = dataclasses.replace(self.job, setup=setup)
-        self.leader_signals: set[int] = set()
         read_end, write_end = os.pipe()
         flush_output()  # buffered text would be written twice
         pid = os.fork()
@@ -64,7 +67,7 @@ class LeaderRun(AttemptRun):
             self.group.kill()
 
     def children(self) -> list[ChildExit]:
-        leader_exit = ChildExit(self.pid, self.status, frozenset(getattr(self, "leader_signals", ())))
+        leader_exit = ChildExit(self.pid, self.status, frozenset(self.leader_signals))
         if self.spec.nprocs == 1:  # the leader was the replica
             return [leader_exit]
         return [ChildExit(entry.get("pid"), entry.get("exitcode"),

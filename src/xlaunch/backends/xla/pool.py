@@ -17,6 +17,7 @@ import threading
 
 from ... import _compat
 from ...envvars import overlay
+from ...plan import LaunchPlan
 from ...worker import flush_output
 from ..exits import ChildExit
 from . import replica
@@ -29,6 +30,10 @@ REAP_S = 2.0
 
 
 class PoolRun(AttemptRun):
+    def __init__(self, plan: LaunchPlan, job: replica.Job) -> None:
+        super().__init__(plan, job)
+        self._pool: list[_compat.Child] = []  # xmp.spawn's processes, recorded as they start
+
     def _run(self) -> None:
         import_torch_xla()
         if not self._begin():
@@ -38,7 +43,6 @@ class PoolRun(AttemptRun):
         assert self.group is not None
         setup = dataclasses.replace(self.job.setup, group=self.group.ticket(forked=True))
         job = dataclasses.replace(self.job, setup=setup, stderr_fd=write_end)
-        self._pool: list[_compat.Child] = []
         try:
             with _compat.recording_children() as pool, overlay(self._variables()):
                 self._pool = pool
@@ -70,14 +74,14 @@ class PoolRun(AttemptRun):
     def _stop_all(self) -> None:
         self.stopped_all = True
         self.launch_dir.cancel()  # a replica not started yet will not start
-        for child in list(getattr(self, "_pool", ())):
+        for child in list(self._pool):
             child.send(signal.SIGKILL)
         if self.group is not None:
             self.group.kill()
 
     def children(self) -> list[ChildExit]:
         return [ChildExit(c.pid, c.exitcode, frozenset(c.signals_sent))
-                for c in getattr(self, "_pool", ())]
+                for c in self._pool]
 
 
 def _spawn(job: replica.Job) -> None:
