@@ -20,7 +20,7 @@ fi
 "$PY" - "$work"/dist/*.whl <<'PYCODE'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-assert "xlaunch/py.typed" in names and "xlaunch/cli.py" in names, names
+assert "xlaunch/py.typed" in names and "xlaunch/cli/__init__.py" in names, names
 assert not [n for n in names if n.startswith(("tests/", "bench/", "colab/"))], names
 print(f"wheel: {len(names)} files, xlaunch/ only")
 PYCODE

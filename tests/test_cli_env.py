@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import KAGGLE, fake_machine
-from xlaunch.cli import VARIABLES, env_report, format_report
-from xlaunch.environment import detect
+from xlaunch.cli.env import VARIABLES, env_report, format_report
+from xlaunch.detect.environment import detect
 from xlaunch.plan import make_plan
 
 SCRIPT = Path(sys.executable).parent / "xlaunch"
@@ -89,7 +89,7 @@ def test_table_shows_environment_plan_and_versions(xlaunch: list[str]) -> None:
     result = run(xlaunch, "env", env=env)
     assert result.returncode == 0, result.stderr
     shown = table(result.stdout)
-    assert list(shown) == ["environment", "default launch", "versions", "variables"]
+    assert list(shown) == ["environment", "launch", "versions", "variables"]
     expected = expected_report(env)
     for field, value in expected["environment"].items():
         if field == "tpu_holders":
@@ -99,7 +99,7 @@ def test_table_shows_environment_plan_and_versions(xlaunch: list[str]) -> None:
             "-" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
         )
     plan = expected["plan"]
-    launch = shown["default launch"]
+    launch = shown["launch"]
     assert launch["path"].split()[0] == plan["path"] == "inline"
     assert launch["processes"] == str(plan["num_processes"]) == "1"
     assert launch["world size"] == "1" and plan["spec"] == {}
@@ -124,8 +124,8 @@ def test_xla_on_cpu(xlaunch: list[str]) -> None:
     assert result.returncode == 0, result.stderr
     shown = table(result.stdout)
     assert shown["environment"]["xla_device"] == "CPU"
-    assert shown["default launch"]["path"] == "xla (torch_xla xmp.spawn)"
-    assert shown["default launch"]["distributed backend"] == "xla"
+    assert shown["launch"]["path"] == "xla (torch_xla xmp.spawn)"
+    assert shown["launch"]["distributed backend"] == "xla"
     assert shown["variables"] == {"XLAUNCH_ACCELERATOR": "xla", "PJRT_DEVICE": "CPU"} | {
         k: env[k] for k in VARIABLES if k in env and k not in STEERING
     }
@@ -146,7 +146,7 @@ def test_tpu_refusal_is_shown_not_raised(xlaunch: list[str]) -> None:
     result = run(xlaunch, "env", env=env)
     assert result.returncode == 0, result.stderr
     shown = table(result.stdout)
-    assert shown["default launch"] == {"refused": report["refusal"]}
+    assert shown["launch"] == {"refused": report["refusal"]}
     assert shown["environment"]["accelerator"] == "tpu"
     assert "Traceback" not in result.stdout + result.stderr
 
@@ -205,7 +205,7 @@ def test_table_for_a_kaggle_tpu(tmp_path: Path) -> None:
     shown = table(format_report(report))
     assert shown["environment"]["platform"] == "kaggle"
     assert shown["environment"]["tpu_generation"] == "v2/v3"
-    launch = shown["default launch"]
+    launch = shown["launch"]
     assert (launch["path"], launch["processes"], launch["threads per process"],
             launch["world size"]) == ("xla (torch_xla xmp.spawn)", "4", "2", "8")
     assert launch["worker environment"].split() == ["-TPU_PROCESS_ADDRESSES", "-CLOUD_TPU_TASK_ID"]

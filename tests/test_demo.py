@@ -15,8 +15,8 @@ import sys
 import pytest
 import torch
 
-from xlaunch.demo import default_num_processes, ranks_agree
-from xlaunch.environment import Environment
+from xlaunch.cli.demo import default_num_processes, ranks_agree
+from xlaunch.detect.environment import Environment
 
 STEERING = ("XLAUNCH_ACCELERATOR", "PJRT_DEVICE", "CPU_NUM_DEVICES", "GPU_NUM_DEVICES",
             "OMP_NUM_THREADS")
@@ -36,7 +36,7 @@ def test_two_processes_train_and_agree():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith("xlaunch demo\n")
-    assert re.search(r"^  launch +elastic .*2 process\(es\), world size 2, gloo", out, re.M)
+    assert re.search(r"^  launch +elastic .*: 2 CPU processes .*world size 2, gloo", out, re.M)
     assert "2 epoch(s) x 6 steps" in out and "mixed precision no" in out
     for rank in (0, 1):  # every rank reports its shard and its final parameters
         assert f"[rank {rank}] rank {rank}/2: training on 1024 of 2048 samples on cpu" in out
@@ -57,7 +57,7 @@ def test_bf16_mixed_precision_under_spawn():
     result = xlaunch_demo("--num-processes", "2", "--epochs", "1", "--steps", "3",
                           "--mixed-precision", "bf16", "--start-method", "spawn")
     assert result.returncode == 0, result.stderr
-    assert "mixed precision bf16" in result.stdout and "start method spawn" in result.stdout
+    assert "mixed precision bf16" in result.stdout and "(gloo, spawn)" in result.stdout
     assert len(PASS_LINE.findall(result.stdout)) == 1, result.stdout
 
 

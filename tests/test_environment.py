@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import COLAB, KAGGLE, fake_machine
-from xlaunch.environment import Environment, detect
+from xlaunch.detect.environment import Environment, detect
 
 
 def expect(
@@ -326,7 +326,7 @@ def test_detect_reads_only_under_root(tmp_path: Path) -> None:
     root = fake_machine(tmp_path, tpu_chips=2, tpu_device="0x0063", dev="vfio", gpus=1)
     result = _run_python(f"""
     import json, sys
-    from xlaunch.environment import detect
+    from xlaunch.detect.environment import detect
     root = {str(root)!r}
     detect({{}}, root=root)  # warm up: lazy imports open files of their own
     paths = []

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import fake_machine
-from xlaunch.cli import env_report, format_report
-from xlaunch.environment import detect
-from xlaunch.holders import DeviceHolder, tpu_holders
+from xlaunch.cli.env import env_report, format_report
+from xlaunch.detect.environment import detect
+from xlaunch.detect.holders import DeviceHolder, tpu_holders
 from xlaunch.plan import make_plan
 
 HOLD = "import sys, time; held = open(sys.argv[2]); print('holding', flush=True); time.sleep(120)"

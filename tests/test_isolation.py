@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from xlaunch.launch_dir import PREFIX, sweep_stale
-from xlaunch.output import PrefixedStream
+from xlaunch.worker.launch_dir import PREFIX, sweep_stale
+from xlaunch.worker.output import PrefixedStream
 
 IN_CREATE, IN_MOVED_TO = 0x100, 0x80
 

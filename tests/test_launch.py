@@ -80,13 +80,13 @@ def test_workers_get_the_engine_environment_and_the_options():
 
 def engine_config(tmp_path, **options):
     from xlaunch.backends.elastic.engine import EngineRun
-    from xlaunch.environment import detect
-    from xlaunch.launch_dir import LaunchDir
-    from xlaunch.options import LaunchOptions
+    from xlaunch.detect.environment import detect
+    from xlaunch.worker.launch_dir import LaunchDir
+    from xlaunch.plan.options import LaunchOptions
     from xlaunch.plan import make_plan
 
     plan = make_plan(detect(), LaunchOptions(**options))
-    return EngineRun(plan, print, (), LaunchDir(str(tmp_path)))._config()
+    return EngineRun(plan, plan.spec, plan.spec.port, print, (), LaunchDir(str(tmp_path)))._config()
 
 
 def test_engine_receives_every_option(tmp_path):
@@ -331,7 +331,7 @@ def test_spawn_start_method_runs_a_module_function():
 
 def test_cuda_initialised_in_the_caller_is_refused(monkeypatch):
     # No GPU exists here: stand in for CUDA's own flag, the one thing that cannot be real.
-    from xlaunch.launcher import run_plan
+    from xlaunch.api import run_plan
     from xlaunch.plan import ElasticSpec, LaunchPlan
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -539,7 +539,7 @@ def test_a_rank_killed_by_a_signal_is_the_root_cause_not_its_peers_error():
 def test_partial_lines_are_prefixed_once():
     import io
 
-    from xlaunch.worker import PrefixedStream
+    from xlaunch.worker.rank import PrefixedStream
 
     out = io.StringIO()
     stream = PrefixedStream(out, "[rank 0] ")

@@ -14,8 +14,9 @@ import signal
 
 import pytest
 
-from xlaunch.errors import LaunchError, LaunchTimeout, ProcessFailure, rank_ranges
-from xlaunch.outcome import CANCELLED_EXIT, Outcome, RankExit, judge
+from xlaunch.result.errors import LaunchError, LaunchTimeout, ProcessFailure, rank_ranges
+from xlaunch.names import CANCELLED_EXIT
+from xlaunch.result.outcome import Outcome, RankExit, judge
 
 TERM, KILL, SEGV, ABRT = signal.SIGTERM, signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT
 

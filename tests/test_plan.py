@@ -13,9 +13,9 @@ import pytest
 
 from tests.fakes import fake_machine
 from xlaunch import notebook_launcher
-from xlaunch.environment import Environment, detect
-from xlaunch.machine import Machine
-from xlaunch.options import LaunchOptions
+from xlaunch.detect.environment import Environment, detect
+from xlaunch.detect.machine import Machine
+from xlaunch.plan.options import LaunchOptions
 from xlaunch.plan import ElasticSpec, InlineSpec, XlaSpec, make_plan
 
 CPU = Environment("local", "cpu", 1)

@@ -10,7 +10,7 @@ import pytest
 
 import xlaunch
 from xlaunch import LaunchError, LaunchReport, RankReport, last_report, notebook_launcher
-from xlaunch.report import make_report, warnings_for
+from xlaunch.result.report import make_report, warnings_for
 
 MIB = 2**20
 

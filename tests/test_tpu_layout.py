@@ -19,10 +19,10 @@ import pytest
 from tests.fakes import COLAB, KAGGLE, fake_machine
 from xlaunch.backends import xla as xla_backend
 from xlaunch.backends.xla import tpu_node
-from xlaunch.environment import detect
-from xlaunch.options import LaunchOptions
+from xlaunch.detect.environment import detect
+from xlaunch.plan.options import LaunchOptions
 from xlaunch.plan import XlaSpec, make_plan
-from xlaunch.tpu_layout import KAGGLE_PRESETS, ONE_CHIP, TpuLayout, tpu_layout
+from xlaunch.plan.tpu_layout import KAGGLE_PRESETS, ONE_CHIP, TpuLayout, tpu_layout
 
 V3_8 = dict(tpu_chips=4, tpu_device="0x0027", dev="accel")  # Kaggle's TPU: 4 chips x 2 cores
 V5E_8 = dict(tpu_chips=8, tpu_device="0x0063", dev="vfio")
@@ -138,7 +138,7 @@ def test_tpu_node_launch_refused_before_anything_starts(tmp_path: Path) -> None:
     plan = make_plan(detect(TPU_NODE, root=fake_machine(tmp_path)))
     started = []
     with pytest.raises(RuntimeError) as refused:
-        xla_backend.launch(plan, started.append, (1,))
+        xla_backend.launch(plan, plan.spec, started.append, (1,))
     assert started == []
     message = str(refused.value)
     assert "legacy TPU Node" in message and "torch_xla 2.0 or older" in message

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .environment import Environment, detect  # noqa: E402
-from .errors import LaunchError, LaunchTimeout, ProcessFailure  # noqa: E402
-from .holders import DeviceHolder  # noqa: E402
-from .launcher import debug_launcher, last_report, launch, notebook_launcher  # noqa: E402
-from .report import LaunchReport, RankReport  # noqa: E402
-from .state import (  # noqa: E402
+from xlaunch.api import debug_launcher, last_report, launch, notebook_launcher  # noqa: E402
+from xlaunch.detect import DeviceHolder, Environment, detect  # noqa: E402
+from xlaunch.result import LaunchError, LaunchReport, LaunchTimeout, ProcessFailure, RankReport  # noqa: E402
+from xlaunch.state import (  # noqa: E402
     ProcessState,
     main_process_first,
     on_last_process,

@@ -21,9 +21,9 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 
-from . import _compat
-from .sharing import share_of
-from .worker import MIXED_PRECISION_VAR, RESTART_VAR, WORLD_VAR
+from xlaunch import _compat
+from xlaunch.names import MIXED_PRECISION_VAR, RESTART_VAR, WORLD_VAR
+from xlaunch.sharing import share_of
 
 P = ParamSpec("P")
 R = TypeVar("R")

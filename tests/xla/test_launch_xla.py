@@ -35,8 +35,8 @@ psutil = pytest.importorskip("psutil")
 import xlaunch  # noqa: E402
 from xlaunch import LaunchError, LaunchTimeout, ProcessState  # noqa: E402
 from xlaunch.backends import xla as xla_backend  # noqa: E402
-from xlaunch.environment import detect  # noqa: E402
-from xlaunch.options import LaunchOptions  # noqa: E402
+from xlaunch.detect.environment import detect  # noqa: E402
+from xlaunch.plan.options import LaunchOptions  # noqa: E402
 from xlaunch.plan import make_plan  # noqa: E402
 
 SUBPROCESS_TIMEOUT_S = 180
@@ -235,7 +235,8 @@ def test_plan_variables_set_and_unset_in_the_workers_only(monkeypatch: pytest.Mo
     plan = make_plan(detect())
     spec = dataclasses.replace(plan.spec, unset_env=("XLAUNCH_TEST_PRESET",),
                                worker_env={"XLAUNCH_TEST_LAYOUT": "1,1,1"})
-    assert xla_backend.launch(dataclasses.replace(plan, spec=spec), environment_probe, ()).result == {
+    outcome = xla_backend.launch(dataclasses.replace(plan, spec=spec), spec, environment_probe, ())
+    assert outcome.result == {
         "XLAUNCH_TEST_PRESET": None, "XLAUNCH_TEST_LAYOUT": "1,1,1", "XLAUNCH_WORLD": "xla",
         "XLAUNCH_MIXED_PRECISION": "no"}
     assert os.environ["XLAUNCH_TEST_PRESET"] == "local"

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ProcessFailure
-from ..launch_dir import read_failures, read_stacks, returned_ranks, worker_places
-from ..outcome import RankExit
+from xlaunch.result.errors import ProcessFailure
+from xlaunch.result.outcome import RankExit
+from xlaunch.worker.launch_dir import read_failures, read_stacks, returned_ranks, worker_places
 
 
 @dataclass(frozen=True)

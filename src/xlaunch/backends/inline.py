@@ -17,20 +17,23 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import _compat
-from ..envvars import overlay
-from ..errors import ProcessFailure
-from ..outcome import Outcome, RankExit
-from ..plan import LaunchPlan
-from ..report import RankReport, peak_rss_bytes
-from ..worker import MIXED_PRECISION_VAR, RESTART_VAR, to_cpu
+from xlaunch import _compat
+from xlaunch.backends.envvars import overlay
+from xlaunch.names import MIXED_PRECISION_VAR, RESTART_VAR
+from xlaunch.plan.specs import InlineSpec, LaunchPlan
+from xlaunch.result.errors import ProcessFailure
+from xlaunch.result.outcome import Outcome, RankExit
+from xlaunch.result.report import RankReport
+from xlaunch.worker.measure import peak_rss_bytes
+from xlaunch.worker.rank import to_cpu
 
 
 class _Expired(BaseException):
     """Raised in the caller's thread when the timeout passes; never escapes this module."""
 
 
-def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
+def launch(plan: LaunchPlan, spec: InlineSpec, function: Callable[..., Any],
+           args: tuple[Any, ...]) -> Outcome:
     stack: list[str] = []
     started = time.perf_counter()
     pid = os.getpid()
@@ -50,7 +53,7 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
         rank_exit = RankExit(rank=0, pid=pid, exitcode=1, record=record)
         ended["exception"] = error
     measured = (RankReport(0, time.perf_counter() - started, peak_rss_bytes()),)
-    return Outcome("inline", 1, (rank_exit,), timeout=plan.timeout, report=measured, **ended)
+    return Outcome("inline", 1, (rank_exit,), timeout=plan.timeout, rank_reports=measured, **ended)
 
 
 @contextlib.contextmanager

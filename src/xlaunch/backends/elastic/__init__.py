@@ -18,24 +18,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...launch_dir import LaunchDir
-from ...outcome import Outcome
-from ...plan import ElasticSpec, LaunchPlan
-from ...report import read_rank_reports
-from ...worker import check_picklable
-from ..supervise import signals_deferred, supervise
-from .engine import EngineRun
+from xlaunch.backends.elastic.engine import EngineRun
+from xlaunch.backends.ports import choose_port
+from xlaunch.backends.supervise import signals_deferred, supervise
+from xlaunch.plan.specs import ElasticSpec, LaunchPlan
+from xlaunch.result.outcome import Outcome
+from xlaunch.worker.launch_dir import LaunchDir, read_rank_reports
+from xlaunch.worker.rank import check_picklable
 
 
-def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
+def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
+           args: tuple[Any, ...]) -> Outcome:
     """Run ``function(*args)`` in every worker of this node; local rank 0's result in the outcome."""
-    assert isinstance(plan.spec, ElasticSpec)
-    if plan.spec.start_method != "fork":
+    if spec.start_method != "fork":
         check_picklable(function, args)
+    # Bound now, as the launch starts (a plan binds nothing): a taken default port is replaced.
+    port = choose_port(spec.port, spec.port_fallback, spec.master_addr,
+                       loopback=plan.num_nodes == 1, owner=spec.node_rank == 0)
     launch_dir = LaunchDir.create()
     run = None
     try:
-        run = EngineRun(plan, function, args, launch_dir)
+        run = EngineRun(plan, spec, port, function, args, launch_dir)
         timed_out = supervise(run, plan.timeout)
         attempts = run.attempts(timed_out)
         reports = tuple(read_rank_reports(launch_dir.latest_attempt()))
@@ -51,4 +54,4 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
         # Keyed by global rank: this node's local rank 0 holds the smallest of its ranks.
         result=results[min(results)] if results else None,
         timed_out=timed_out, timeout=plan.timeout,
-        exception=run.engine_error, report=reports)
+        exception=run.engine_error, rank_reports=reports)

@@ -18,14 +18,15 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ... import _compat
-from ...envvars import overlay
-from ...launch_dir import LaunchDir, dump_stacks, worker_pids
-from ...plan import ElasticSpec, LaunchPlan
-from ...process_group import LaunchGroup
-from ...worker import MIXED_PRECISION_VAR, WorkerSetup
-from ..exits import AttemptFiles, ChildExit, elastic_exits
-from .entry import Entry, worker_main
+from xlaunch import _compat
+from xlaunch.backends.elastic.entry import Entry, worker_main
+from xlaunch.backends.envvars import overlay
+from xlaunch.backends.exits import AttemptFiles, ChildExit, elastic_exits
+from xlaunch.names import MIXED_PRECISION_VAR
+from xlaunch.plan.specs import ElasticSpec, LaunchPlan
+from xlaunch.worker.launch_dir import LaunchDir, dump_stacks, worker_pids
+from xlaunch.worker.process_tree import ProcessTree
+from xlaunch.worker.rank import WorkerSetup
 
 LOCAL_RDZV = "xlaunch-local"
 SHUTDOWN_GRACE_S = 3  # a worker that ignores its stop signal is killed after this
@@ -34,17 +35,16 @@ SHUTDOWN_GRACE_S = 3  # a worker that ignores its stop signal is killed after th
 class EngineRun:
     """One launch on the engine: `supervise` drives it (see supervise.Supervised)."""
 
-    def __init__(self, plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...],
-                 launch_dir: LaunchDir) -> None:
-        assert isinstance(plan.spec, ElasticSpec)
-        self.plan, self.spec = plan, plan.spec
+    def __init__(self, plan: LaunchPlan, spec: ElasticSpec, port: int,
+                 function: Callable[..., Any], args: tuple[Any, ...], launch_dir: LaunchDir) -> None:
+        self.plan, self.spec, self.port = plan, spec, port
         self.function, self.args = function, args
         self.launch_dir = launch_dir
         self.children: list[_compat.Child] = []
         self.results: dict[int, Any] | None = None
         self.engine_error: BaseException | None = None
         self.stacks: dict[int, str] = {}
-        self.group: LaunchGroup | None = None
+        self.tree: ProcessTree | None = None
         self._gate = threading.Lock()
         self._cancelled = False
         self._started = False
@@ -57,11 +57,11 @@ class EngineRun:
             if self._cancelled:
                 return
             self._started = True
-            self.group = LaunchGroup()
+            self.tree = ProcessTree()
         forked = self.spec.start_method == "fork"
         setup = WorkerSetup(self.launch_dir.path, self._worker_env(),
                             line_prefix="[rank ${rank}] " if self._prefix_here() else None,
-                            group=self.group.ticket(forked), tempdir=tempfile.gettempdir())
+                            tree=self.tree.ticket(forked), tempdir=tempfile.gettempdir())
         entry = Entry(self.function, self.args, setup, self.spec)
         try:
             with _compat.engine_loggers_quiet(), _shared_store_off(self.spec), \
@@ -96,12 +96,12 @@ class EngineRun:
     def _kill_all(self) -> None:
         for child in list(self.children):
             child.send(signal.SIGKILL)
-        if self.group is not None:
-            self.group.kill()
+        if self.tree is not None:
+            self.tree.kill()
 
     def end(self) -> None:
-        if self.group is not None:
-            self.group.end()
+        if self.tree is not None:
+            self.tree.end()
 
     def attempts(self, timed_out: bool) -> list[tuple[Any, ...]]:
         children = [ChildExit(c.pid, c.exitcode, frozenset(c.signals_sent)) for c in self.children]
@@ -115,9 +115,9 @@ class EngineRun:
         return self.spec.log_line_prefix_template is None
 
     def _worker_env(self) -> dict[str, str]:
-        env = {MIXED_PRECISION_VAR: self.plan.mixed_precision}
+        env: dict[str, str] = {MIXED_PRECISION_VAR: self.plan.mixed_precision}
         if self.spec.loopback_only:
-            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.spec.port))
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
         if self.spec.socket_ifname is not None:  # the user's own choice of interface wins
             for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                 env[name] = os.environ.get(name, self.spec.socket_ifname)
@@ -133,7 +133,7 @@ class EngineRun:
         tee = Std.ALL if spec.log_line_prefix_template else Std.NONE
         rdzv_backend, endpoint, rdzv_conf = self._rendezvous()
         options: dict[str, Any] = dict(
-            min_nodes=spec.num_nodes, max_nodes=spec.num_nodes,
+            min_nodes=self.plan.num_nodes, max_nodes=self.plan.num_nodes,
             nproc_per_node=self.plan.num_processes,
             run_id=spec.rdzv_id,  # every node must name the same run; "none" is a name too
             rdzv_backend=rdzv_backend, rdzv_endpoint=endpoint, rdzv_configs=rdzv_conf,
@@ -153,11 +153,11 @@ class EngineRun:
             if spec.rdzv_backend == "static":
                 _register_local_rendezvous()
                 store = os.path.join(self.launch_dir.path, "rdzv-store")
-                return LOCAL_RDZV, store, {"port": spec.port, **conf}
+                return LOCAL_RDZV, store, {"port": self.port, **conf}
             if spec.rdzv_backend == "c10d":
                 conf.setdefault("store_type", "file")
                 return "c10d", os.path.join(self.launch_dir.path, "c10d-store"), conf
-        endpoint = spec.rdzv_endpoint or f"{spec.master_addr}:{spec.port}"
+        endpoint = spec.rdzv_endpoint or f"{spec.master_addr}:{self.port}"
         if self.plan.timeout is not None:
             # Waiting for other nodes happens inside the store's C++ calls, which nothing can
             # interrupt: bound those waits by the launch's own limit.
@@ -177,7 +177,7 @@ def _register_local_rendezvous() -> None:
 
 
 def _local_handler(params: Any) -> Any:
-    from .local_rdzv import LocalRendezvousHandler
+    from xlaunch.backends.elastic.local_rdzv import LocalRendezvousHandler
 
     return LocalRendezvousHandler(params.endpoint, params.run_id, int(params.get("port")))
 

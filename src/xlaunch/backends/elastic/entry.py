@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...outcome import CANCELLED_EXIT
-from ...plan import ElasticSpec
-from ...worker import STORE_DIR_VAR, Worker, WorkerSetup
+from xlaunch.names import CANCELLED_EXIT, STORE_DIR_VAR
+from xlaunch.plan.specs import ElasticSpec
+from xlaunch.worker.rank import Worker, WorkerSetup
 
 
 def worker_main(entry: Entry) -> Any:

@@ -16,26 +16,25 @@ import importlib.util
 import os
 import time
 from collections.abc import Callable
-from importlib import metadata
 from typing import Any
 
-from ... import _compat
-from ...launch_dir import LaunchDir
-from ...outcome import Outcome, RankExit, judge
-from ...plan import LaunchPlan, XlaSpec
-from ...report import read_rank_reports
-from ...worker import MIXED_PRECISION_VAR, WORLD_VAR, WorkerSetup, check_picklable
-from ..supervise import signals_deferred, supervise
-from .leader_run import LeaderRun
-from .pool import PoolRun
-from .replica import Job
-from .tpu_node import prepare_tpu_node
+from xlaunch import _compat
+from xlaunch.backends.supervise import signals_deferred, supervise
+from xlaunch.backends.xla.leader_run import LeaderRun
+from xlaunch.backends.xla.pool import PoolRun
+from xlaunch.backends.xla.replica import Job
+from xlaunch.backends.xla.tpu_node import prepare_tpu_node
+from xlaunch.detect.runtime import install_line
+from xlaunch.names import MIXED_PRECISION_VAR, WORLD_VAR
+from xlaunch.plan.specs import LaunchPlan, XlaSpec
+from xlaunch.result.outcome import Outcome, RankExit, judge
+from xlaunch.worker.launch_dir import LaunchDir, read_rank_reports
+from xlaunch.worker.rank import WorkerSetup, check_picklable
 
 
-def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
+def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
+           args: tuple[Any, ...]) -> Outcome:
     """Run ``function(*args)`` on every replica of ``plan``; replica 0's result in the outcome."""
-    spec = plan.spec
-    assert isinstance(spec, XlaSpec)
     refuse_initialised_runtime()
     env = {WORLD_VAR: "xla", MIXED_PRECISION_VAR: plan.mixed_precision, **spec.worker_env}
     if spec.legacy_tpu_node:  # configured (or refused, naming the torch_xla it needs) first
@@ -54,7 +53,7 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
     try:
         for attempt in range(spec.max_restarts + 1):
             job = Job(function, args, setup, attempt, compile_cache=spec.compile_cache)
-            outcome = _attempt(plan, job, deadline)
+            outcome = _attempt(plan, spec, job, deadline)
             outcome = dataclasses.replace(outcome, earlier_attempts=tuple(earlier))
             if outcome.timed_out or judge(outcome) is None:
                 return outcome
@@ -65,13 +64,11 @@ def launch(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]
             launch_dir.remove()
 
 
-def _attempt(plan: LaunchPlan, job: Job, deadline: float | None) -> Outcome:
-    spec = plan.spec
-    assert isinstance(spec, XlaSpec)
+def _attempt(plan: LaunchPlan, spec: XlaSpec, job: Job, deadline: float | None) -> Outcome:
     # The pool straight from the caller when it forks; otherwise a leader holds what spawn and
     # forkserver leave running (multiprocessing's resource tracker, the fork server) and ends it.
     direct = spec.nprocs is None and spec.start_method == "fork" and not spec.legacy_tpu_node
-    run = PoolRun(plan, job) if direct else LeaderRun(plan, job)
+    run = PoolRun(plan, spec, job) if direct else LeaderRun(plan, spec, job)
     remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
     try:
         timed_out = supervise(run, remaining)
@@ -81,7 +78,7 @@ def _attempt(plan: LaunchPlan, job: Job, deadline: float | None) -> Outcome:
         with signals_deferred():  # a second Ctrl-C must not cut the clean-up short
             run.end()
     return Outcome(path="xla", world_size=plan.world_size, exits=exits, result=result,
-                   timed_out=timed_out, timeout=plan.timeout, report=reports,
+                   timed_out=timed_out, timeout=plan.timeout, rank_reports=reports,
                    leader_failure=failure if not timed_out else None)
 
 
@@ -92,23 +89,6 @@ def require_torch_xla() -> None:
     raise ModuleNotFoundError(
         f"No module named 'torch_xla': the XLA path needs it. Install it with: {install_line()}",
         name="torch_xla")
-
-
-NEWEST_TORCH_XLA = (2, 9)  # the newest torch_xla release; each needs the torch of its number
-
-
-def install_line() -> str:
-    """The torch_xla that matches the installed torch (they are released in lockstep)."""
-    newest = ".".join(map(str, NEWEST_TORCH_XLA)) + ".0"
-    pair = f'pip install torch=={newest} "torch_xla[tpu]=={newest}"'
-    try:
-        torch = metadata.version("torch").split("+")[0]
-    except metadata.PackageNotFoundError:
-        return pair
-    release = tuple(int(part) for part in torch.split(".")[:2] if part.isdigit())
-    if release > NEWEST_TORCH_XLA:
-        return f"{pair}  (torch {torch} is newer than any torch_xla release)"
-    return f'pip install "torch_xla[tpu]=={torch}"  (torch_xla must match torch {torch} exactly)'
 
 
 def refuse_initialised_runtime() -> None:

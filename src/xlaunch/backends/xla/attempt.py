@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...errors import ProcessFailure
-from ...launch_dir import LaunchDir, dump_stacks, worker_pids
-from ...outcome import RankExit
-from ...plan import LaunchPlan, XlaSpec
-from ...process_group import LaunchGroup
-from ..exits import AttemptFiles, ChildExit, xla_exits
-from . import replica
-from .tail import Tail
+from xlaunch.backends.exits import AttemptFiles, ChildExit, xla_exits
+from xlaunch.backends.xla import replica
+from xlaunch.backends.xla.tail import Tail
+from xlaunch.plan.specs import LaunchPlan, XlaSpec
+from xlaunch.result.errors import ProcessFailure
+from xlaunch.result.outcome import RankExit
+from xlaunch.worker.launch_dir import LaunchDir, dump_stacks, worker_pids
+from xlaunch.worker.process_tree import ProcessTree
 
 FAILURE_GRACE_S = 3.0  # after a replica fails, its peers get this long to end on their own
 
@@ -29,12 +29,11 @@ FAILURE_GRACE_S = 3.0  # after a replica fails, its peers get this long to end o
 class AttemptRun:
     """What both ways of starting replicas share: watching, stopping, and the facts left."""
 
-    def __init__(self, plan: LaunchPlan, job: replica.Job) -> None:
-        assert isinstance(plan.spec, XlaSpec)
-        self.plan, self.spec, self.job = plan, plan.spec, job
+    def __init__(self, plan: LaunchPlan, spec: XlaSpec, job: replica.Job) -> None:
+        self.plan, self.spec, self.job = plan, spec, job
         self.launch_dir = LaunchDir(job.setup.launch_dir)
         self.attempt: Path = self.launch_dir.attempt_dir(job.attempt)
-        self.group: LaunchGroup | None = None
+        self.tree: ProcessTree | None = None
         self.stopped_all = False
         self.stacks: dict[int, str] = {}
         self.failure: ProcessFailure | None = None  # the launch failed before any replica ran
@@ -63,7 +62,7 @@ class AttemptRun:
             if self._cancelled:
                 return False
             self._started = True
-            self.group = LaunchGroup()
+            self.tree = ProcessTree()
             return True
 
     def check(self) -> None:
@@ -97,8 +96,8 @@ class AttemptRun:
         raise NotImplementedError
 
     def end(self) -> None:
-        if self.group is not None:
-            self.group.end()
+        if self.tree is not None:
+            self.tree.end()
 
     def children(self) -> list[ChildExit]:
         raise NotImplementedError

@@ -20,12 +20,13 @@ import signal
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ... import _compat, process_group
-from ...errors import ProcessFailure
-from ...launch_dir import LaunchDir, atomic_write
-from ...plan import LaunchPlan, XlaSpec
-from ...worker import die_with_parent, flush_output
-from . import replica
+from xlaunch import _compat
+from xlaunch.backends.xla import replica
+from xlaunch.plan.specs import XlaSpec
+from xlaunch.result.errors import ProcessFailure
+from xlaunch.worker import process_tree
+from xlaunch.worker.launch_dir import LaunchDir, atomic_write
+from xlaunch.worker.rank import die_with_parent, flush_output
 
 EXITS_FILE = "exits.json"
 LEADER_FILE = "leader.json"
@@ -35,15 +36,13 @@ _POOL: list[_compat.Child] = []  # xmp.spawn's pool, each process recorded as it
 _ATTEMPT: Path | None = None
 
 
-def lead(plan: LaunchPlan, job: replica.Job, stderr_fd: int) -> NoReturn:
+def lead(spec: XlaSpec, job: replica.Job, stderr_fd: int) -> NoReturn:
     """The leader's whole life: set up, spawn the replicas, record how each ended, exit."""
     global _ATTEMPT, _POOL
-    spec = plan.spec
-    assert isinstance(spec, XlaSpec)
     _ATTEMPT = attempt = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
     code = 1
     try:
-        process_group.join(job.setup.group)
+        process_tree.join(job.setup.tree)
         os.dup2(stderr_fd, 2)
         os.close(stderr_fd)
         faulthandler.enable(file=2, all_threads=False)
@@ -76,7 +75,7 @@ def _spawn(spec: XlaSpec, job: replica.Job) -> int:
     import torch_xla.distributed.xla_multiprocessing as xmp
 
     # The replicas start in the leader's group, with nothing of the caller's to let go of.
-    job = dataclasses.replace(job, setup=dataclasses.replace(job.setup, group=None))
+    job = dataclasses.replace(job, setup=dataclasses.replace(job.setup, tree=None))
     replica.FORKED_JOB = job
     args = () if spec.start_method == "fork" else (job,)
     try:

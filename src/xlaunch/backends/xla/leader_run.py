@@ -13,18 +13,18 @@ import dataclasses
 import os
 import signal
 
-from ...plan import LaunchPlan
-from ...worker import flush_output
-from ..exits import ChildExit
-from . import leader, replica
-from .attempt import AttemptRun
+from xlaunch.backends.exits import ChildExit
+from xlaunch.backends.xla import leader, replica
+from xlaunch.backends.xla.attempt import AttemptRun
+from xlaunch.plan.specs import LaunchPlan, XlaSpec
+from xlaunch.worker.rank import flush_output
 
 STOP_GRACE_S = 2.0  # the leader's time to stop its pool before the whole group is killed
 
 
 class LeaderRun(AttemptRun):
-    def __init__(self, plan: LaunchPlan, job: replica.Job) -> None:
-        super().__init__(plan, job)
+    def __init__(self, plan: LaunchPlan, spec: XlaSpec, job: replica.Job) -> None:
+        super().__init__(plan, spec, job)
         self.pid = 0
         self.status: int | None = None  # the leader's exit status once reaped (-N: signal N)
         self.leader_signals: set[int] = set()  # what the launcher sent the leader
@@ -32,8 +32,8 @@ class LeaderRun(AttemptRun):
     def _run(self) -> None:
         if not self._begin():
             return
-        assert self.group is not None
-        setup = dataclasses.replace(self.job.setup, group=self.group.ticket(forked=True))
+        assert self.tree is not None
+        setup = dataclasses.replace(self.job.setup, tree=self.tree.ticket(forked=True))
         job = dataclasses.replace(self.job, setup=setup)
         read_end, write_end = os.pipe()
         flush_output()  # buffered text would be written twice
@@ -41,7 +41,7 @@ class LeaderRun(AttemptRun):
         if pid == 0:  # the leader: it never returns into the caller's code
             try:
                 os.close(read_end)
-                leader.lead(self.plan, job, write_end)
+                leader.lead(self.spec, job, write_end)
             finally:
                 os._exit(1)
         os.close(write_end)
@@ -63,8 +63,8 @@ class LeaderRun(AttemptRun):
                 os.kill(self.pid, signal.SIGTERM)
             if not self._finished.wait(STOP_GRACE_S):
                 self.leader_signals.add(signal.SIGKILL)
-        if self.group is not None:
-            self.group.kill()
+        if self.tree is not None:
+            self.tree.kill()
 
     def children(self) -> list[ChildExit]:
         leader_exit = ChildExit(self.pid, self.status, frozenset(self.leader_signals))

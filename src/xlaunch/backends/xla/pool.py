@@ -15,14 +15,14 @@ import signal
 import sys
 import threading
 
-from ... import _compat
-from ...envvars import overlay
-from ...plan import LaunchPlan
-from ...worker import flush_output
-from ..exits import ChildExit
-from . import replica
-from .attempt import AttemptRun
-from .metrics import DEBUG_VAR
+from xlaunch import _compat
+from xlaunch.backends.envvars import overlay
+from xlaunch.backends.exits import ChildExit
+from xlaunch.backends.xla import replica
+from xlaunch.backends.xla.attempt import AttemptRun
+from xlaunch.backends.xla.metrics import DEBUG_VAR
+from xlaunch.plan.specs import LaunchPlan, XlaSpec
+from xlaunch.worker.rank import flush_output
 
 IMPORT_LIMIT_S = 120.0
 WARM_POOL = "TORCH_WARM_POOL"
@@ -30,8 +30,8 @@ REAP_S = 2.0
 
 
 class PoolRun(AttemptRun):
-    def __init__(self, plan: LaunchPlan, job: replica.Job) -> None:
-        super().__init__(plan, job)
+    def __init__(self, plan: LaunchPlan, spec: XlaSpec, job: replica.Job) -> None:
+        super().__init__(plan, spec, job)
         self._pool: list[_compat.Child] = []  # xmp.spawn's processes, recorded as they start
 
     def _run(self) -> None:
@@ -40,8 +40,8 @@ class PoolRun(AttemptRun):
             return
         read_end, write_end = os.pipe()
         self.tail.start(read_end)
-        assert self.group is not None
-        setup = dataclasses.replace(self.job.setup, group=self.group.ticket(forked=True))
+        assert self.tree is not None
+        setup = dataclasses.replace(self.job.setup, tree=self.tree.ticket(forked=True))
         job = dataclasses.replace(self.job, setup=setup, stderr_fd=write_end)
         try:
             with _compat.recording_children() as pool, overlay(self._variables()):
@@ -76,8 +76,8 @@ class PoolRun(AttemptRun):
         self.launch_dir.cancel()  # a replica not started yet will not start
         for child in list(self._pool):
             child.send(signal.SIGKILL)
-        if self.group is not None:
-            self.group.kill()
+        if self.tree is not None:
+            self.tree.kill()
 
     def children(self) -> list[ChildExit]:
         return [ChildExit(c.pid, c.exitcode, frozenset(c.signals_sent))

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...launch_dir import atomic_write
-from ...worker import Worker, WorkerSetup
-from .metrics import DEBUG_FILE_VAR, collect
+from xlaunch.backends.xla.metrics import DEBUG_FILE_VAR, collect
+from xlaunch.worker.launch_dir import atomic_write
+from xlaunch.worker.rank import Worker, WorkerSetup
 
 RESULT_FILE = "result.pkl"
 

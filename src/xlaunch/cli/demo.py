@@ -17,12 +17,12 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from .demo_training import DemoConfig, ranks_agree, train
-from .run import add_common_arguments, launch_and_report, options_from, usage_error
+from xlaunch.cli.demo_training import DemoConfig, ranks_agree, train
+from xlaunch.cli.options import add_common_arguments, launch_and_report, options_from, usage_error
 
 if TYPE_CHECKING:
-    from .environment import Environment
-    from .plan import LaunchPlan
+    from xlaunch.detect.environment import Environment
+    from xlaunch.plan.specs import LaunchPlan
 
 DEMO_TIMEOUT_S = 600.0  # tiny model: a demo still running after this is stuck, not slow
 
@@ -42,9 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Show the machine and the plan, train across its processes, report PASS or fail."""
-    from .environment import detect
-    from .launcher import run_plan
-    from .plan import make_plan
+    from xlaunch.api import run_plan
+    from xlaunch.detect import detect
+    from xlaunch.plan import make_plan
 
     if args.epochs < 1 or (args.steps is not None and args.steps < 1):
         return usage_error("--epochs and --steps must be at least 1")
@@ -73,15 +73,11 @@ def summary(env: Environment, plan: LaunchPlan, config: DemoConfig) -> str:
     """A few lines of what `xlaunch env` shows at length: what runs where."""
     from importlib import metadata
 
-    from .plan import describe_path
-
     machine = f"{env.platform}, {env.accelerator}"
     if env.tpu_generation:
         machine += f" {env.tpu_generation} ({env.tpu_chips} chips x {env.cores_per_chip} cores)"
     else:
         machine += f" ({env.device_count} device{'s' if env.device_count != 1 else ''})"
-    per_process = getattr(plan.spec, "threads_per_process", 1)
-    threads = f" x {per_process} threads" if per_process > 1 else ""
     versions = []
     for name in ("torch", "torch_xla"):
         try:
@@ -92,9 +88,8 @@ def summary(env: Environment, plan: LaunchPlan, config: DemoConfig) -> str:
     steps = config.steps_per_epoch or max(1, shard // config.batch_size)
     rows = {
         "machine": machine,
-        "launch": f"{describe_path(plan)}, {plan.num_processes} process(es){threads}, world "
-                  f"size {plan.world_size}, {plan.dist_backend or 'no process group'}, start "
-                  f"method {getattr(plan.spec, 'start_method', '-')}",
+        "launch": f"{plan.describe_path()}: {plan.summary()}, world size {plan.world_size}, "
+                  f"{plan.dist_backend or 'no process group'}",
         "training": f"MLP {config.features}-{config.hidden}-{config.outputs} on {config.samples} "
                     f"synthetic samples, {config.epochs} epoch(s) x {steps} steps, batch "
                     f"{config.batch_size} per rank, mixed precision {plan.mixed_precision}",

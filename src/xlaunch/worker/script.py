@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
-from .worker import STORE_DIR_VAR, WORLD_VAR
+from xlaunch.names import STORE_DIR_VAR, WORLD_VAR
 
 
 def run_script(target: str, script_args: list[str], module: bool = False) -> None:
@@ -104,7 +104,7 @@ def _xla_spawn_in_place() -> Iterator[None]:
 
 def _in_place(fn: Callable[..., Any], args: tuple[Any, ...] = (), *_: Any, **__: Any) -> None:
     """``xmp.spawn``/``torch_xla.launch`` inside a replica: call ``fn(ordinal, *args)`` here."""
-    from .state import ProcessState
+    from xlaunch.state import ProcessState
 
     fn(ProcessState().process_index, *args)
 

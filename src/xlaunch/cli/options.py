@@ -1,13 +1,7 @@
-"""``xlaunch run script.py ARGS...``: a script on the same launch paths as a notebook's function.
+"""What ``run`` and ``demo`` share: their common options, the one `LaunchOptions` built from a
+command line, and how a launch's end becomes an exit status.
 
-Kaggle script kernels and TPU VMs run scripts, not cells; on a pod the same command runs on every
-host. Each worker runs the script as ``__main__`` with the script's own ``sys.argv``, so a script
-written for ``python script.py`` or ``torchrun script.py`` runs unchanged. Options carry torchrun's
-and ``accelerate launch``'s names (both spellings) where they mean the same thing, so a command
-line moved from either keeps working.
-
-Importing this module must stay cheap (no torch): the command-line parser imports it for every
-``xlaunch`` command, ``xlaunch env`` included.
+Importing this module must stay cheap (no torch): the parser imports it for every command.
 """
 
 from __future__ import annotations
@@ -17,14 +11,22 @@ import os
 import sys
 from typing import Any
 
-from .options import MIXED_PRECISIONS, RDZV_BACKENDS, START_METHODS
+from xlaunch.plan.options import (
+    DEFAULT_MONITOR_INTERVAL,
+    DEFAULT_PORT,
+    MIXED_PRECISIONS,
+    RDZV_BACKENDS,
+    START_METHODS,
+    LaunchOptions,
+)
 
 TIMEOUT_EXIT = 124  # what coreutils' `timeout` exits with; no rank failed, the clock ran out
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare ``run``'s options: torchrun's name, its underscore spelling, accelerate's name."""
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every launch option (``run``, ``env``, ``check``): torchrun's name, its underscore
+    spelling, accelerate's name."""
     parser.add_argument("--num-processes", "--nproc-per-node", "--nproc_per_node",
                         dest="num_processes", type=_process_count, default=None, metavar="N",
                         help="processes on this machine (default: every TPU core or GPU, 1 on a "
@@ -35,8 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                           "together (divided by --num_machines)")
     parser.add_argument("--standalone", action="store_true",
                         help="torchrun's one-machine mode (the default here; nothing to set up)")
-    parser.add_argument("-m", "--module", action="store_true",
-                        help="run the target as a module, as `python -m module`")
     parser.add_argument("--num-nodes", "--nnodes", "--num_machines", dest="num_nodes", type=int,
                         default=1, metavar="N", help="machines taking part (GPU/CPU; default 1)")
     parser.add_argument("--node-rank", "--node_rank", "--machine_rank", dest="node_rank", type=int,
@@ -61,10 +61,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.add_argument("--cpu", action="store_true",
                         help="debug: run CPU processes over gloo even where a TPU or GPU is present")
-    parser.add_argument("script", help="the Python script (or, with -m, module) to run in "
-                                       "every process")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
-                        help="the script's own arguments (everything after the script)")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,54 +76,15 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"{', '.join(START_METHODS)} for GPU/CPU workers (default fork on Linux)")
 
 
-def main(args: argparse.Namespace) -> int:
-    """Plan, launch, and turn the outcome into an exit status a shell or a scheduler can act on."""
-    from .environment import detect
-    from .launcher import run_plan
-    from .plan import make_plan
-    from .script import run_script
-
-    target = args.script if args.module else os.path.abspath(args.script)
-    if not args.module and not os.path.isfile(target):
-        return usage_error(f"can't open file {args.script!r}: no such file")
-    try:
+def options_from(args: argparse.Namespace, **overrides: Any) -> LaunchOptions:
+    """The one options object for a command's arguments; `ValueError` for spellings that clash."""
+    if hasattr(args, "rdzv_backend"):
         _reconcile_spellings(args)
-        plan = make_plan(detect(), options_from(args))
-    except (ValueError, TypeError) as error:
-        return usage_error(str(error))
-    work = (target, list(args.script_args), args.module)
-    return launch_and_report(lambda: run_plan(plan, run_script, work))
-
-
-def _reconcile_spellings(args: argparse.Namespace) -> None:
-    """torchrun's and accelerate's options, said the way xlaunch plans them."""
-    if args.standalone and args.num_nodes > 1:
-        raise ValueError("--standalone is torchrun's one-machine mode; it cannot go with "
-                         f"--nnodes {args.num_nodes}")
-    if args.num_processes == "cpu":
-        args.num_processes, args.cpu = os.cpu_count() or 1, True
-    if args.total_processes is None:
-        return
-    if args.num_processes is not None:
-        raise ValueError("give --num-processes (per machine) or accelerate's --num_processes "
-                         "(all machines together), not both")
-    per_machine, left = divmod(args.total_processes, args.num_nodes)
-    if left or per_machine < 1:
-        raise ValueError(
-            f"--num_processes={args.total_processes} is accelerate's count of processes on all "
-            f"{args.num_nodes} machines together, so it must divide evenly between them; for "
-            "a count per machine use --num-processes (or torchrun's --nproc-per-node)")
-    args.num_processes = per_machine
-
-
-def options_from(args: argparse.Namespace, **overrides: Any) -> Any:
-    """The one options object for a command's arguments (``run`` and ``demo`` share it)."""
-    from .options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT, LaunchOptions
 
     values: dict[str, Any] = dict(
         num_processes=args.num_processes, mixed_precision=args.mixed_precision,
         timeout=args.timeout, start_method=args.start_method)
-    if hasattr(args, "script"):  # ``run``: the engine's options too
+    if hasattr(args, "rdzv_backend"):  # every launch option, not only the common ones
         values.update(
             use_port=DEFAULT_PORT if args.master_port is None else args.master_port,
             master_addr=args.master_addr, node_rank=args.node_rank, num_nodes=args.num_nodes,
@@ -145,7 +102,7 @@ def launch_and_report(start: Any) -> int:
 
     The message is `LaunchError`'s own text, which already leads with the root cause.
     """
-    from .errors import LaunchError, LaunchTimeout
+    from xlaunch.result.errors import LaunchError, LaunchTimeout
 
     try:
         start()
@@ -169,6 +126,27 @@ def launch_and_report(start: Any) -> int:
 def usage_error(message: str) -> int:
     print(f"xlaunch: error: {message}", file=sys.stderr)
     return 2
+
+
+def _reconcile_spellings(args: argparse.Namespace) -> None:
+    """torchrun's and accelerate's options, said the way xlaunch plans them."""
+    if args.standalone and args.num_nodes > 1:
+        raise ValueError("--standalone is torchrun's one-machine mode; it cannot go with "
+                         f"--nnodes {args.num_nodes}")
+    if args.num_processes == "cpu":
+        args.num_processes, args.cpu = os.cpu_count() or 1, True
+    if args.total_processes is None:
+        return
+    if args.num_processes is not None:
+        raise ValueError("give --num-processes (per machine) or accelerate's --num_processes "
+                         "(all machines together), not both")
+    per_machine, left = divmod(args.total_processes, args.num_nodes)
+    if left or per_machine < 1:
+        raise ValueError(
+            f"--num_processes={args.total_processes} is accelerate's count of processes on all "
+            f"{args.num_nodes} machines together, so it must divide evenly between them; for "
+            "a count per machine use --num-processes (or torchrun's --nproc-per-node)")
+    args.num_processes = per_machine
 
 
 def _process_count(text: str) -> int | str | None:

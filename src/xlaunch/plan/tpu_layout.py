@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .environment import Environment
+from xlaunch.detect.environment import Environment
 
 # Set by Kaggle's TPU image for a single process; torch_xla keeps preset values, and a
 # multi-process spawn then fails with "Expected N worker addresses, got 1".

@@ -14,9 +14,12 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from .holders import DeviceHolder, tpu_holders
+from xlaunch.detect.holders import DeviceHolder, tpu_holders
+from xlaunch.names import Accelerator
+
+Platform = Literal["colab", "kaggle", "cloud-tpu-vm", "local"]
 
 TPU_PCI_VENDOR = "0x1ae0"
 
@@ -40,8 +43,8 @@ ACCELERATOR_CHOICES = ("tpu", "cuda", "cpu", "xla")
 class Environment:
     """The machine as a launch sees it. Plain data: printing it is a bug report."""
 
-    platform: str  # colab | kaggle | cloud-tpu-vm | local
-    accelerator: str  # tpu | cuda | cpu
+    platform: Platform
+    accelerator: Accelerator
     device_count: int  # TPU cores, GPUs, or CPU devices of the XLA path (1 on a plain CPU box)
     tpu_generation: str | None = None
     tpu_chips: int = 0
@@ -115,7 +118,7 @@ def detect(
     return Environment(platform, "cpu", 1, interactive=interactive)
 
 
-def _platform(env: Mapping[str, str], has_chips: bool) -> str:
+def _platform(env: Mapping[str, str], has_chips: bool) -> Platform:
     # Kaggle first: its image also sets COLAB_* variables.
     if any(key.startswith("KAGGLE_") for key in env):
         return "kaggle"
@@ -126,7 +129,7 @@ def _platform(env: Mapping[str, str], has_chips: bool) -> str:
     return "local"
 
 
-def _interactive(env: Mapping[str, str], platform: str, check_process: bool) -> bool:
+def _interactive(env: Mapping[str, str], platform: Platform, check_process: bool) -> bool:
     if platform == "kaggle":
         return env.get("KAGGLE_KERNEL_RUN_TYPE", "Interactive") == "Interactive"
     if platform == "colab" or "JPY_PARENT_PID" in env:
@@ -180,9 +183,9 @@ def _pjrt_device(env: Mapping[str, str], chips: list[str]) -> str:
     return "CUDA" if _positive_int(env.get("GPU_NUM_DEVICES"), 0) else "CPU"
 
 
-def _forced_xla(env: Mapping[str, str], device: str, platform: str,
+def _forced_xla(env: Mapping[str, str], device: str, platform: Platform,
                 interactive: bool) -> Environment:
-    accelerator = {"CUDA": "cuda", "GPU": "cuda"}.get(device, "cpu")
+    accelerator: Accelerator = "cuda" if device in ("CUDA", "GPU") else "cpu"
     if device == "CPU":
         count = _positive_int(env.get("CPU_NUM_DEVICES"), 1)
     elif accelerator == "cuda":

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import (
+from xlaunch.names import CANCELLED_EXIT, PathName
+from xlaunch.result.errors import (
     DIED,
     LEADER,
     LOST_PEER,
@@ -34,8 +35,7 @@ from .errors import (
     ProcessFailure,
     rank_ranges,
 )
-
-CANCELLED_EXIT = 75  # a worker that found its launch already stopped exits at once with this
+from xlaunch.result.report import LaunchReport, RankReport
 
 # How gloo, NCCL and XLA report that a peer went away: the consequence of a failure, never its cause.
 PEER_LOSS = ("closed by peer", "reset by peer", "broken pipe", "remote process exited",
@@ -61,7 +61,7 @@ class RankExit:
 class Outcome:
     """Everything one launch left; plain data, so `judge` can be tested without processes."""
 
-    path: str  # "xla", "elastic" or "inline"
+    path: PathName
     world_size: int
     exits: tuple[RankExit, ...] = ()
     result: Any = None
@@ -70,7 +70,7 @@ class Outcome:
     leader_failure: ProcessFailure | None = None  # the launch failed before any worker ran
     earlier_attempts: tuple[tuple[RankExit, ...], ...] = ()  # restarted attempts, oldest first
     exception: BaseException | None = field(default=None, compare=False)  # inline: the original
-    report: Any = None  # the LaunchReport of the workers that ran
+    rank_reports: tuple[RankReport, ...] = ()  # what each rank that ran measured of itself
 
 
 def classify(rank_exit: RankExit, timed_out: bool) -> str | None:
@@ -130,21 +130,21 @@ def _failure(rank_exit: RankExit, cause: str) -> ProcessFailure:
         message=message, stack=rank_exit.stack, stderr_tail=rank_exit.stderr_tail, cause=cause)
 
 
-def judge(outcome: Outcome) -> LaunchError | None:
-    """The error this outcome amounts to, or None when the launch succeeded."""
+def judge(outcome: Outcome, report: LaunchReport | None = None) -> LaunchError | None:
+    """The error this outcome amounts to (carrying ``report``), or None when the launch succeeded."""
     earlier = [failures_of(attempt, False) for attempt in outcome.earlier_attempts]
     if outcome.leader_failure is not None:
         leader = dataclasses.replace(outcome.leader_failure, cause=LEADER)
         return LaunchError(f"the {outcome.path} launch failed before any worker ran",
-                           [leader], earlier_attempts=earlier, report=outcome.report)
+                           [leader], earlier_attempts=earlier, report=report)
     failures = failures_of(outcome.exits, outcome.timed_out)
     if outcome.timed_out:
         return LaunchTimeout(_timeout_summary(outcome, failures), failures,
-                             earlier_attempts=earlier, report=outcome.report)
+                             earlier_attempts=earlier, report=report)
     if not failures:
         return None
     return LaunchError(_summary(outcome, failures), failures, earlier_attempts=earlier,
-                       report=outcome.report)
+                       report=report)
 
 
 def _summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:

@@ -1,17 +1,7 @@
-"""The ``xlaunch`` command: ``env``, ``run`` and ``demo``, one function each.
+"""``xlaunch env``: the detected machine and what a launch with the given options would do.
 
-Each subcommand is a function in `COMMANDS` that adds its parser and sets ``handler``. Handlers
-import what they need when they run, so ``xlaunch env`` stays cheap and never imports torch or
-torch_xla (the versions it reports come from package metadata). ``run`` and ``demo`` declare their
-options in their own modules, which are imported to build the parser and so import torch only
-inside their handlers. A new command looks like::
-
-    def add_demo(commands):
-        from . import demo
-
-        parser = commands.add_parser("demo", help="a small training run on this machine")
-        demo.add_arguments(parser)
-        parser.set_defaults(handler=demo.main)
+Planning is pure, so this binds no socket, starts no process and writes no file: what it shows is
+what a launch would decide, read from the same `make_plan`.
 """
 
 from __future__ import annotations
@@ -20,14 +10,15 @@ import argparse
 import json
 import os
 import platform
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
-from . import __version__
-from .environment import detect
-from .plan import PATHS, make_plan
+from xlaunch.cli.options import add_launch_arguments, options_from, usage_error
+from xlaunch.detect import detect
+from xlaunch.detect.runtime import install_line
+from xlaunch.plan import LaunchOptions, make_plan
+from xlaunch.plan.specs import PATHS
 
 # Variables that change what detection or a TPU launch does; shown so a bug report carries them.
 VARIABLES = (
@@ -38,72 +29,25 @@ VARIABLES = (
 )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="xlaunch", description="Run training on every TPU core, GPU or CPU process."
-    )
-    parser.add_argument("--version", action="version", version=f"xlaunch {__version__}")
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
-    for add in COMMANDS:
-        add(commands)
-    args = parser.parse_args(argv)
-    handler: Callable[[argparse.Namespace], int] = args.handler
-    try:
-        code = handler(args)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `xlaunch env | head`: the reader has gone; exit without a traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    return code
-
-
-def add_env(commands: Any) -> None:
-    parser = commands.add_parser(
-        "env", help="show the detected machine and what a launch would do",
-        description="Show the detected machine and what xlaunch.launch(fn) would do with default "
-                    "arguments. Paste the output into bug reports.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(handler=env_command)
+    add_launch_arguments(parser)
 
 
-def add_run(commands: Any) -> None:
-    from . import run
-
-    parser = commands.add_parser(
-        "run", help="run a script in every TPU core, GPU or CPU process",
-        description="Run `python script.py ARGS` in every process of this machine, on the paths "
-                    "xlaunch.launch takes (on a TPU pod: run the same command on every host).",
-    )
-    run.add_arguments(parser)
-    parser.set_defaults(handler=run.main)
-
-
-def add_demo(commands: Any) -> None:
-    from . import demo
-
-    parser = commands.add_parser(
-        "demo", help="train a small model across this machine's processes and check they agree",
-        description="A small data-parallel training (model and data made in place, no downloads) "
-                    "on every TPU core, GPU, or 2 CPU processes; exits non-zero unless every rank "
-                    "ends with identical parameters.",
-    )
-    demo.add_arguments(parser)
-    parser.set_defaults(handler=demo.main)
-
-
-COMMANDS: list[Callable[[Any], None]] = [add_env, add_run, add_demo]
-
-
-def env_command(args: argparse.Namespace) -> int:
-    report = env_report()
+def main(args: argparse.Namespace) -> int:
+    try:
+        options = options_from(args)
+    except (ValueError, TypeError) as error:
+        return usage_error(str(error))
+    report = env_report(options=options)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     # A plan refused is an answer (exit 0); an environment that cannot be read is an error.
     return 0 if report["environment"] is not None else 1
 
 
 def env_report(
-    environ: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/"
+    environ: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/",
+    options: LaunchOptions | None = None,
 ) -> dict[str, Any]:
     """What `xlaunch env` shows, as plain data (the ``--json`` output), for `detect`'s inputs."""
     variables = os.environ if environ is None else environ
@@ -111,7 +55,7 @@ def env_report(
     try:
         env = detect(environ, root)
         environment = env.as_dict()
-        plan = make_plan(env).as_dict()
+        plan = make_plan(env, options).as_dict()
     except (ValueError, RuntimeError) as error:  # a bad XLAUNCH_ACCELERATOR, a refused launch
         refusal = str(error)
     return {
@@ -134,8 +78,6 @@ def missing(plan: dict[str, Any] | None) -> list[str]:
     if _version("torch") is None:
         needed.append("torch is not installed: pip install torch")
     if plan is not None and plan["path"] == "xla" and _version("torch_xla") is None:
-        from .backends.xla import install_line
-
         needed.append(f"torch_xla is not installed, and the XLA path needs it: {install_line()}")
     return needed
 
@@ -149,7 +91,7 @@ def format_report(report: dict[str, Any]) -> str:
     if holders is not None:
         lines += _rows({"tpu_holders": "; ".join(
             f"pid {h['pid']} ({h['command']}) holds {h['device']}" for h in holders) or "none"})
-    lines.append("default launch (xlaunch.launch(fn))")
+    lines.append("launch (xlaunch.launch(fn) with these options)")
     if report["environment"] is None:
         lines.append("  not planned: the environment could not be read")
     elif plan is None:
@@ -185,7 +127,8 @@ def _plan_rows(plan: dict[str, Any]) -> dict[str, Any]:
                      "restarts": spec["max_restarts"],
                      "worker environment": " ".join(changes) or None})
     elif plan["path"] == "elastic":
-        rows.update({"start method": spec["start_method"], "port": spec["port"],
+        fallback = " (a free one if it is taken at launch)" if spec["port_fallback"] else ""
+        rows.update({"start method": spec["start_method"], "port": f"{spec['port']}{fallback}",
                      "interface": "lo (loopback only)" if spec["loopback_only"] else "any",
                      "rendezvous": spec["rdzv_backend"],
                      "threads per process": spec["cpu_threads"] or "torch's default",

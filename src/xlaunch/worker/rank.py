@@ -21,18 +21,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from . import process_group
-from .errors import ProcessFailure
-from .hints import hint_for
-from .launch_dir import STACK_SIGNAL, LaunchDir, note_returned, record_failure, write_pid
-from .outcome import CANCELLED_EXIT
-from .output import PrefixedStream
-from .report import write_rank_report
+from xlaunch.names import CANCELLED_EXIT, RESTART_VAR
+from xlaunch.result.errors import ProcessFailure
+from xlaunch.worker import process_tree
+from xlaunch.worker.hints import hint_for
+from xlaunch.worker.launch_dir import STACK_SIGNAL, LaunchDir, note_returned, record_failure, write_pid
+from xlaunch.worker.measure import write_rank_report
+from xlaunch.worker.output import PrefixedStream
 
-MIXED_PRECISION_VAR = "XLAUNCH_MIXED_PRECISION"
-WORLD_VAR = "XLAUNCH_WORLD"  # "xla" inside XLA workers; tells ProcessState which world it is in
-RESTART_VAR = "XLAUNCH_RESTART_COUNT"  # which attempt this is, on every path
-STORE_DIR_VAR = "XLAUNCH_STORE_DIR"  # one machine: where a script's own process group meets
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -44,7 +40,7 @@ class WorkerSetup:
     env: dict[str, str] = field(default_factory=dict)  # set in every worker
     line_prefix: str | None = None  # a template (${rank}, ${local_rank}); None: no prefix
     prefix_single: bool = False  # prefix even when the world is one process (a user template)
-    group: process_group.GroupTicket | None = None
+    tree: process_tree.TreeTicket | None = None
     tempdir: str | None = None  # the caller's temp directory, while the engine's points elsewhere
 
 
@@ -53,7 +49,7 @@ class Worker:
 
     def __init__(self, setup: WorkerSetup, attempt: int, rank: int, local_rank: int,
                  world_size: int) -> None:
-        process_group.join(setup.group)
+        process_tree.join(setup.tree)
         launch_dir = LaunchDir(setup.launch_dir)
         self.attempt = launch_dir.attempt_dir(attempt)
         self.rank = rank

@@ -17,7 +17,10 @@ import time
 import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from xlaunch.result.report import LaunchReport
 
 # Why a rank appears in a failure: the judgement `outcome.judge` makes from the facts.
 RAISED = "raised"  # raised an exception of its own
@@ -181,7 +184,7 @@ class LaunchError(RuntimeError):
 
     def __init__(self, summary: str, failures: Iterable[ProcessFailure] = (), *,
                  earlier_attempts: Sequence[Sequence[ProcessFailure]] = (),
-                 report: Any = None) -> None:
+                 report: LaunchReport | None = None) -> None:
         self.summary = summary
         self.failures: list[ProcessFailure] = list(failures)
         self.earlier_attempts = [list(attempt) for attempt in earlier_attempts]

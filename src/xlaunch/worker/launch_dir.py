@@ -9,6 +9,7 @@ done and removes it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,7 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ProcessFailure
+from xlaunch.result.errors import ProcessFailure
+from xlaunch.result.report import RankReport
 
 PREFIX = "xlaunch-"
 STACK_SIGNAL = signal.SIGUSR1
@@ -180,7 +182,7 @@ def dump_stacks(attempt: Path, pids: dict[int, int], wait: float = 2.0) -> dict[
     return {rank: text for rank, text in read_stacks(attempt).items() if rank in asked}
 
 
-LAUNCHER_FILES = ("/xlaunch/worker.py", "/xlaunch/backends/")
+LAUNCHER_FILES = ("/xlaunch/worker/", "/xlaunch/backends/")
 
 
 def user_frames_first(dump: str) -> str:
@@ -192,3 +194,19 @@ def user_frames_first(dump: str) -> str:
         if line.strip() and not line.startswith("Current thread"):
             kept.append(line)
     return "\n".join(kept)
+
+
+def read_rank_reports(attempt: Path | None) -> list[RankReport]:
+    """The reports of one attempt; of replicas sharing a process, the lowest rank's."""
+    if attempt is None:
+        return []
+    by_pid: dict[int, RankReport] = {}
+    for path in attempt.glob("report-*.json"):
+        try:
+            record = json.loads(path.read_text())
+            pid, report = int(record["pid"]), RankReport.from_json(json.dumps(record["report"]))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if pid not in by_pid or report.rank < by_pid[pid].rank:
+            by_pid[pid] = report
+    return sorted(by_pid.values(), key=lambda report: report.rank)

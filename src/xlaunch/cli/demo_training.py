@@ -30,7 +30,7 @@ class DemoConfig:
 
 def train(config: DemoConfig) -> dict[str, Any]:
     """The launched function: the same training on each rank, gradients averaged across ranks."""
-    from .state import ProcessState
+    from xlaunch.state import ProcessState
 
     if ProcessState().backend == "xla":
         return _train_xla(config)
@@ -74,7 +74,7 @@ def batches(config: DemoConfig, shard_x: Any, shard_y: Any, epoch: int, rank: in
 
 
 def _shard(config: DemoConfig) -> tuple[Any, Any]:
-    from .state import ProcessState
+    from xlaunch.state import ProcessState
 
     features, targets = make_data(config)
     with ProcessState().split_between_processes({"x": features, "y": targets}) as shard:
@@ -86,7 +86,7 @@ def _train_torch(config: DemoConfig) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from .state import ProcessState
+    from xlaunch.state import ProcessState
 
     state = ProcessState()
     rank, world, device = state.process_index, state.num_processes, state.device
@@ -130,7 +130,7 @@ def _train_xla(config: DemoConfig) -> dict[str, Any]:
     import torch_xla
     import torch_xla.core.xla_model as xm
 
-    from .state import ProcessState
+    from xlaunch.state import ProcessState
 
     sync: Callable[[], Any] = getattr(torch_xla, "sync", xm.mark_step)  # mark_step before 2.6
     state = ProcessState()

@@ -9,15 +9,10 @@ gathers them into a `LaunchReport`, whose warnings name the usual cause and the 
 from __future__ import annotations
 
 import json
-import os
-import resource
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
 
-from .launch_dir import atomic_write
+from xlaunch.names import PathName
 
 RECOMPILE_DOCS = "https://docs.pytorch.org/xla/release/r2.8/perf/recompilation.html"
 MEMORY_NEAR = 0.8  # a rank whose peak passes this share of the machine's memory is warned about
@@ -55,7 +50,7 @@ class RankReport:
 class LaunchReport:
     """What the last launch did, per rank; ``str()`` is the summary printed after a launch."""
 
-    path: str  # "xla", "elastic" or "inline"
+    path: PathName
     wall_seconds: float
     ranks: tuple[RankReport, ...] = ()
     warnings: tuple[str, ...] = ()
@@ -83,7 +78,7 @@ def _size(count: int) -> str:
     return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
 
 
-def make_report(path: str, wall_seconds: float, ranks: Sequence[RankReport],
+def make_report(path: PathName, wall_seconds: float, ranks: Sequence[RankReport],
                 memory_total: int | None) -> LaunchReport:
     ordered = tuple(sorted(ranks, key=lambda rank: rank.rank))
     return LaunchReport(path, wall_seconds, ordered, tuple(warnings_for(ordered, memory_total)))
@@ -136,42 +131,3 @@ def _sources(rank: RankReport) -> list[str]:
         return []
     lines = ", ".join(f"{where} ({count}x)" for where, count in rank.compile_sources[:5])
     return [f"compilations were triggered most often at: {lines}"]
-
-
-# --- the worker's side -------------------------------------------------------------------------
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory (VmHWM), the figure the OOM killer's victims reach."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
-def write_rank_report(attempt: Path, rank: int, wall_seconds: float,
-                      extra: Mapping[str, Any]) -> None:
-    report = RankReport(rank=rank, wall_seconds=wall_seconds, peak_rss_bytes=peak_rss_bytes(),
-                        **extra)
-    record = {"pid": os.getpid(), "report": json.loads(report.to_json())}
-    atomic_write(attempt / f"report-{rank}.json", json.dumps(record))
-
-
-def read_rank_reports(attempt: Path | None) -> list[RankReport]:
-    """The reports of one attempt; of replicas sharing a process, the lowest rank's."""
-    if attempt is None:
-        return []
-    by_pid: dict[int, RankReport] = {}
-    for path in attempt.glob("report-*.json"):
-        try:
-            record = json.loads(path.read_text())
-            pid, report = int(record["pid"]), RankReport.from_json(json.dumps(record["report"]))
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-        if pid not in by_pid or report.rank < by_pid[pid].rank:
-            by_pid[pid] = report
-    return sorted(by_pid.values(), key=lambda report: report.rank)

@@ -6,20 +6,17 @@ accelerate, scripts use the second.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .backends import elastic, inline, xla
-from .environment import detect
-from .machine import Machine
-from .options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT, LaunchOptions
-from .outcome import Outcome, judge
-from .plan import LaunchPlan, make_plan
-from .report import LaunchReport, make_report
+from xlaunch.backends import carry_out
+from xlaunch.detect import detect
+from xlaunch.plan import LaunchOptions, LaunchPlan, make_plan
+from xlaunch.plan.options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT
+from xlaunch.result import LaunchReport, judge, make_report
 
 
 def notebook_launcher(
@@ -114,11 +111,6 @@ def debug_launcher(
     return run_plan(make_plan(detect(), options), function, args)
 
 
-Backend = Callable[[LaunchPlan, Callable[..., Any], tuple[Any, ...]], Outcome]
-# One backend per path: the plan names its path, this says which module carries it out.
-BACKENDS: dict[str, Backend] = {"xla": xla.launch, "elastic": elastic.launch, "inline": inline.launch}
-
-
 def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     """Carry out a plan: say what runs, hand it to its backend, judge the outcome."""
     for line in (*plan.notes, f"launching {plan.summary()}"):
@@ -126,14 +118,13 @@ def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ..
     if plan.accelerator == "cuda" and plan.path == "elastic":
         _refuse_initialised_cuda()
     started = time.perf_counter()
-    outcome = BACKENDS[plan.path](plan, function, args)
-    report = make_report(plan.path, time.perf_counter() - started, outcome.report or (),
-                         Machine.here().memory_total)
+    outcome = carry_out(plan, function, args)
+    report = make_report(plan.path, time.perf_counter() - started, outcome.rank_reports,
+                         plan.memory_total)
     global _LAST_REPORT
     _LAST_REPORT = report
     _print_report(plan, report)
-    outcome = dataclasses.replace(outcome, report=report)
-    error = judge(outcome)
+    error = judge(outcome, report)
     if error is not None:
         raise error from outcome.exception
     if outcome.exception is not None:  # the engine failed before any worker ran

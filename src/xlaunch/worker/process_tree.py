@@ -25,14 +25,14 @@ END_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
-class GroupTicket:
+class TreeTicket:
     """What a worker needs to join the group: plain data, forked or pickled to it."""
 
     pgid: int
     guard_fd: int | None  # the caller's end of the guard's pipe, inherited by forked workers
 
 
-class LaunchGroup:
+class ProcessTree:
     """The process group of one launch and its guard."""
 
     def __init__(self) -> None:
@@ -45,8 +45,8 @@ class LaunchGroup:
         self.pgid = self._guard.pid
         self._pipe = self._guard.stdin
 
-    def ticket(self, forked: bool) -> GroupTicket:
-        return GroupTicket(self.pgid, self._pipe.fileno() if forked else None)
+    def ticket(self, forked: bool) -> TreeTicket:
+        return TreeTicket(self.pgid, self._pipe.fileno() if forked else None)
 
     def kill(self) -> None:
         """SIGKILL every process still in the group (the guard stays until `end`)."""
@@ -67,7 +67,7 @@ class LaunchGroup:
                 time.sleep(0.005)
 
 
-def join(ticket: GroupTicket | None) -> None:
+def join(ticket: TreeTicket | None) -> None:
     """In a worker: let go of the caller's pipe, and join the launch's group."""
     if ticket is None:
         return

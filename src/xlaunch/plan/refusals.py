@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .options import (
+from xlaunch.plan.options import (
     DEFAULT_PORT,
     MIXED_PRECISIONS,
     RDZV_BACKENDS,
@@ -18,7 +18,7 @@ from .options import (
 )
 
 if TYPE_CHECKING:
-    from .plan import LaunchPlan
+    from xlaunch.plan.specs import LaunchPlan
 
 
 def check_values(options: LaunchOptions) -> None:

@@ -1,0 +1,127 @@
+"""What a launch will do, decided up front: a `LaunchPlan`, a core shared by every path plus one
+typed spec for the path it takes. Plain frozen data: `xlaunch env` prints it, backends carry it out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from xlaunch.names import Accelerator, DistBackend, MixedPrecision, PathName, StartMethod
+
+# Left at its default, the engine checks its workers this often instead (see options.py).
+FAST_MONITOR_INTERVAL = 0.01
+PATHS: dict[PathName, str] = {
+    "xla": "torch_xla xmp.spawn",
+    "elastic": "torch.distributed.elastic",
+    "inline": "in the calling process, no worker processes",
+}
+
+
+@dataclass(frozen=True)
+class XlaSpec:
+    """TPU cores (or XLA's CPU/GPU devices) through ``xmp.spawn``."""
+
+    path: ClassVar[PathName] = "xla"
+    threads_per_process: int  # replicas per process (2 on v2/v3 chips)
+    nprocs: int | None  # xmp.spawn's nprocs: None spawns the layout, 1 runs one replica
+    pjrt_device: str | None  # PJRT_DEVICE for the replicas; None on a legacy TPU Node
+    start_method: StartMethod = "fork"
+    worker_env: Mapping[str, str] = field(default_factory=dict)  # set in every replica
+    unset_env: tuple[str, ...] = ()  # removed before the replicas start
+    legacy_tpu_node: bool = False  # a remote TPU Node (torch_xla <= 2.0 only)
+    line_prefix: str | None = "[rank ${rank}] "  # None: output is not prefixed
+    max_restarts: int = 0  # the whole launch runs again after a failure, up to this many times
+    compile_cache: str | None = None  # torch_xla's persistent compilation cache; None: off
+
+
+@dataclass(frozen=True)
+class ElasticSpec:
+    """GPUs or CPU processes through torch elastic's agent."""
+
+    path: ClassVar[PathName] = "elastic"
+    dist_backend: DistBackend
+    start_method: StartMethod
+    # MASTER_PORT for the workers (node 0's store with several nodes). The port is bound when the
+    # launch starts, not here: a plan binds nothing, and a port probed now could be taken by then.
+    port: int
+    port_fallback: bool = False  # taken at launch time: use a free one instead (the default port)
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = ""
+    rdzv_conf: Mapping[str, Any] = field(default_factory=dict)
+    rdzv_id: str = "none"
+    max_restarts: int = 0
+    monitor_interval: float = FAST_MONITOR_INTERVAL
+    log_line_prefix_template: str | None = None  # the engine prefixes (and tees) when set
+    cpu_threads: int = 0  # torch threads per CPU worker; 0 leaves torch's choice
+    loopback_only: bool = True  # one node: everything meets through files and on `lo`
+
+    @property
+    def socket_ifname(self) -> str | None:
+        return "lo" if self.loopback_only else None
+
+
+@dataclass(frozen=True)
+class InlineSpec:
+    """One process: the caller's own; nothing starts."""
+
+    path: ClassVar[PathName] = "inline"
+
+
+PathSpec = XlaSpec | ElasticSpec | InlineSpec
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything a backend needs to start this node's workers, decided up front."""
+
+    accelerator: Accelerator
+    num_processes: int  # processes on this node
+    world_size: int  # replicas in the whole job
+    spec: PathSpec
+    num_nodes: int = 1
+    mixed_precision: MixedPrecision = "no"
+    timeout: float | None = None
+    report: bool = True
+    memory_total: int | None = None  # this machine's memory, for the report's memory warning
+    notes: tuple[str, ...] = ()  # what the user should be told about this plan
+
+    @property
+    def path(self) -> PathName:
+        return self.spec.path
+
+    @property
+    def dist_backend(self) -> str | None:
+        if isinstance(self.spec, XlaSpec):
+            return "xla"
+        return self.spec.dist_backend if isinstance(self.spec, ElasticSpec) else None
+
+    def summary(self) -> str:
+        """One line saying what will run, so a launch never silently does something else."""
+        spec = self.spec
+        count = self.world_size // self.num_nodes
+        one, many = {"tpu": ("TPU core", "TPU cores"), "cuda": ("GPU", "GPUs"),
+                     "cpu": ("CPU process", "CPU processes")}[self.accelerator]
+        text = f"{count} {one if count == 1 else many}"
+        if isinstance(spec, XlaSpec):
+            processes = "1 process" if self.num_processes == 1 else f"{self.num_processes} processes"
+            text += f" through torch_xla ({processes}"
+            text += f" x {spec.threads_per_process} threads)" if spec.threads_per_process > 1 else ")"
+        elif isinstance(spec, ElasticSpec):
+            text += f" through torch elastic ({spec.dist_backend}, {spec.start_method})"
+            if self.num_nodes > 1:
+                text += f" on node {spec.node_rank} of {self.num_nodes}"
+        else:
+            text += " in this process"
+        return text
+
+    def describe_path(self) -> str:
+        return f"{self.path} ({PATHS[self.path]})"
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(path=self.path, dist_backend=self.dist_backend)
+        return data

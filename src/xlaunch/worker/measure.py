@@ -1,0 +1,35 @@
+"""What each rank measures of itself as its function ends: wall time, peak memory, and what the
+path adds (the XLA metrics), left as a small record in the attempt's folder for the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from xlaunch.result.report import RankReport
+from xlaunch.worker.launch_dir import atomic_write
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (VmHWM), the figure the OOM killer's victims reach."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def write_rank_report(attempt: Path, rank: int, wall_seconds: float,
+                      extra: Mapping[str, Any]) -> None:
+    report = RankReport(rank=rank, wall_seconds=wall_seconds, peak_rss_bytes=peak_rss_bytes(),
+                        **extra)
+    record = {"pid": os.getpid(), "report": json.loads(report.to_json())}
+    atomic_write(attempt / f"report-{rank}.json", json.dumps(record))
