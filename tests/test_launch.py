@@ -6,6 +6,7 @@ notebook's functions do. Tests never assert a duration; a hang ends at pytest's 
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import subprocess
@@ -81,9 +82,9 @@ def test_workers_get_the_engine_environment_and_the_options():
 def engine_config(tmp_path, **options):
     from xlaunch.backends.elastic.engine import EngineRun
     from xlaunch.detect.environment import detect
-    from xlaunch.worker.launch_dir import LaunchDir
-    from xlaunch.plan.options import LaunchOptions
     from xlaunch.plan import make_plan
+    from xlaunch.plan.options import LaunchOptions
+    from xlaunch.worker.launch_dir import LaunchDir
 
     plan = make_plan(detect(), LaunchOptions(**options))
     return EngineRun(plan, plan.spec, plan.spec.port, print, (), LaunchDir(str(tmp_path)))._config()
@@ -211,7 +212,11 @@ def test_a_timeout_lists_only_the_ranks_still_working():
     with pytest.raises(LaunchTimeout) as caught:
         notebook_launcher(return_on_rank_zero_sleep_on_rank_one, num_processes=2, timeout=15)
     assert [f.rank for f in caught.value.failures] == [1]
-    assert "time.sleep(100)" in caught.value.failures[0].stack or "sleep" in str(caught.value)
+    source, first = inspect.getsourcelines(return_on_rank_zero_sleep_on_rank_one)
+    sleep_line = first + next(i for i, text in enumerate(source) if "time.sleep(100)" in text)
+    # faulthandler's dump: the file, the line of the call it stood in, and the function.
+    assert (f"line {sleep_line} in return_on_rank_zero_sleep_on_rank_one"
+            in caught.value.failures[0].stack)
 
 
 def test_timeout_in_a_single_inline_process():

@@ -14,8 +14,8 @@ import signal
 
 import pytest
 
-from xlaunch.result.errors import LaunchError, LaunchTimeout, ProcessFailure, rank_ranges
 from xlaunch.names import CANCELLED_EXIT
+from xlaunch.result.errors import LaunchError, LaunchTimeout, ProcessFailure, rank_ranges
 from xlaunch.result.outcome import Outcome, RankExit, judge
 
 TERM, KILL, SEGV, ABRT = signal.SIGTERM, signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT
@@ -131,7 +131,10 @@ def test_two_different_errors_are_both_failures_in_their_own_right():
     text = str(error)
     assert "[root cause] rank 2 (pid 102): KeyError" in text
     assert "[failed] rank 0 (pid 100): ValueError: bad batch" in text
-    assert "secondary" not in text.split("[secondary")[0].split("[failed]")[1]
+    headings = [line for line in text.splitlines() if line.startswith("[")]
+    assert [heading.split(":")[0] for heading in headings] == [
+        "[root cause] rank 2 (pid 102)", "[failed] rank 0 (pid 100)", "[secondary"]
+    assert headings[2].startswith("[secondary: stopped by the launcher] rank 1")
 
 
 def test_a_timeout_lists_every_rank_with_where_it_stood():

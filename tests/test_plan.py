@@ -15,8 +15,8 @@ from tests.fakes import fake_machine
 from xlaunch import notebook_launcher
 from xlaunch.detect.environment import Environment, detect
 from xlaunch.detect.machine import Machine
-from xlaunch.plan.options import LaunchOptions
 from xlaunch.plan import ElasticSpec, InlineSpec, XlaSpec, make_plan
+from xlaunch.plan.options import LaunchOptions
 
 CPU = Environment("local", "cpu", 1)
 ROOMY = Machine(cores=2, memory_available=24 * 2**30)

@@ -58,10 +58,24 @@ def test_a_failed_launch_carries_the_report_of_the_workers_that_ran():
     assert report is last_report() and 1 in [rank.rank for rank in report.ranks]
 
 
-def test_report_false_prints_nothing_but_still_keeps_the_report(capfd):
-    notebook_launcher(hold_memory, args=(1,), num_processes=2, report=False)
-    assert "xlaunch report" not in capfd.readouterr().err
-    assert last_report().path == "elastic"
+def launch_on_a_small_machine(report: bool) -> None:
+    """A machine whose memory (10 MiB) every rank passes: the memory warning always fires."""
+    from xlaunch.api import run_plan
+    from xlaunch.detect import Machine, detect
+    from xlaunch.plan import LaunchOptions, make_plan
+
+    small = Machine(cores=2, memory_available=None, memory_total=10 * MIB)
+    plan = make_plan(detect(), LaunchOptions(num_processes=2, report=report), machine=small)
+    run_plan(plan, hold_memory, (1,))
+
+
+def test_report_true_prints_the_warnings_and_false_prints_nothing(capfd):
+    launch_on_a_small_machine(report=True)
+    assert "xlaunch: warning: host memory: rank 0 peaked at" in capfd.readouterr().err
+    launch_on_a_small_machine(report=False)
+    assert "warning" not in capfd.readouterr().err
+    report = last_report()  # kept all the same
+    assert report.path == "elastic" and any(w.startswith("host memory") for w in report.warnings)
 
 
 def test_warnings_name_what_to_do():

@@ -20,8 +20,8 @@ from tests.fakes import COLAB, KAGGLE, fake_machine
 from xlaunch.backends import xla as xla_backend
 from xlaunch.backends.xla import tpu_node
 from xlaunch.detect.environment import detect
-from xlaunch.plan.options import LaunchOptions
 from xlaunch.plan import XlaSpec, make_plan
+from xlaunch.plan.options import LaunchOptions
 from xlaunch.plan.tpu_layout import KAGGLE_PRESETS, ONE_CHIP, TpuLayout, tpu_layout
 
 V3_8 = dict(tpu_chips=4, tpu_device="0x0027", dev="accel")  # Kaggle's TPU: 4 chips x 2 cores

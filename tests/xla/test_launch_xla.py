@@ -36,8 +36,8 @@ import xlaunch  # noqa: E402
 from xlaunch import LaunchError, LaunchTimeout, ProcessState  # noqa: E402
 from xlaunch.backends import xla as xla_backend  # noqa: E402
 from xlaunch.detect.environment import detect  # noqa: E402
-from xlaunch.plan.options import LaunchOptions  # noqa: E402
 from xlaunch.plan import make_plan  # noqa: E402
+from xlaunch.plan.options import LaunchOptions  # noqa: E402
 
 SUBPROCESS_TIMEOUT_S = 180
 
