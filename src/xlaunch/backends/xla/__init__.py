@@ -1,12 +1,16 @@
 """TPU cores (and XLA's CPU/GPU devices) through torch_xla's ``xmp.spawn``.
 
-The caller never touches the XLA runtime: it forks a launch leader (leader.py), which calls
-``xmp.spawn``; every process of the launch sits in one process group the caller can end at once.
+The caller never starts the XLA runtime itself. For the usual launch (every device, fork) the
+launch thread calls ``xmp.spawn(start_method="fork")`` and the replicas are the caller's own
+children (`pool`); for one replica, spawn/forkserver and legacy TPU Nodes a launch leader is forked
+first and calls ``xmp.spawn`` there (`leader_run` on the caller's side, `leader` in the forked
+leader). Every process of a launch sits in one process tree the caller can end at once.
 Everything torch_xla-specific is in this package, imported inside functions (it takes seconds to
 import and may query the TPU metadata server), so a successor runtime can sit beside it.
 
-Modules: `replica` (what each replica runs), `leader` (the forked leader and its pool), `handle`
-(the caller's side of one attempt), `tail` (the launch's stderr), `tpu_node` (legacy TPU Nodes).
+Modules: `attempt` (what both ways share: watching, stopping, the facts left), `pool`,
+`leader_run`, `leader`, `replica` (what each replica runs), `metrics` (the report's XLA figures),
+`tail` (the launch's stderr), `tpu_node` (legacy TPU Nodes).
 """
 
 from __future__ import annotations
