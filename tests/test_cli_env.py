@@ -226,3 +226,46 @@ def test_a_missing_torch_xla_is_named_with_the_line_that_installs_it(
     result = run(xlaunch, "run", str(script), env=env)
     assert result.returncode == 1 and "No module named 'torch_xla'" in result.stderr
     assert "pip install torch==2.9.0" in result.stderr and not (tmp_path / "ran").exists()
+
+
+def test_env_shows_the_launch_the_options_ask_for(xlaunch: list[str]) -> None:
+    env = environ(XLAUNCH_ACCELERATOR="cpu")
+    result = run(xlaunch, "env", "--json", "--num-processes", "2", "--mixed-precision", "BF16",
+                 "--start-method", "spawn", env=env)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)["plan"]
+    assert (plan["path"], plan["num_processes"], plan["mixed_precision"]) == ("elastic", 2, "bf16")
+    assert plan["spec"]["start_method"] == "spawn"
+    refused = run(xlaunch, "env", "--num-processes", "0", env=env)
+    assert "num_processes must be a whole number of at least 1" in refused.stdout
+    clash = run(xlaunch, "env", "--num-processes", "2", "--num_processes", "4", env=env)
+    assert clash.returncode == 2 and "not both" in clash.stderr
+
+
+PURE = r"""
+import sys
+seen = []
+def audit(event, args):
+    writing = event == "open" and (args[1] or "r") not in ("r", "rb") and not str(args[0]).startswith("/dev/")
+    if event in ("socket.bind", "socket.connect", "subprocess.Popen", "os.fork", "os.posix_spawn",
+                 "os.mkdir", "os.remove", "os.rename") or writing:
+        seen.append((event, str(args[:2])))
+from xlaunch.cli.env import env_report
+from xlaunch.detect import detect
+from xlaunch.plan import LaunchOptions, make_plan
+sys.addaudithook(audit)
+for options in (LaunchOptions(), LaunchOptions(num_processes=2),
+                LaunchOptions(num_processes=2, use_port="29511", start_method="spawn"),
+                LaunchOptions(num_processes=2, num_nodes=2, node_rank=1, master_addr="10.1.2.3")):
+    make_plan(detect(), options)
+    env_report(options=options)
+print(seen)
+"""
+
+
+def test_planning_binds_no_socket_starts_no_process_writes_no_file() -> None:
+    # An audit hook (PEP 578) sees every bind, fork, spawn and write the planner would make.
+    result = subprocess.run([sys.executable, "-c", PURE], capture_output=True, text=True,
+                            env=environ(XLAUNCH_ACCELERATOR="cpu"), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -65,7 +65,8 @@ def env_report(
         "missing": missing(plan),
         "versions": {
             "python": platform.python_version(),
-            "os": platform.platform(),
+            # os.uname, not platform.platform(): that runs `uname -p` in a subprocess.
+            "os": "{0.sysname}-{0.release}-{0.machine}".format(os.uname()),
             **{name: _version(name) for name in ("xlaunch", "torch", "torch_xla", "libtpu")},
         },
         "variables": {name: variables[name] for name in VARIABLES if name in variables},
