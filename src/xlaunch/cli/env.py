@@ -154,6 +154,13 @@ def _plan_rows(plan: dict[str, Any]) -> dict[str, Any]:
                      "compile cache": spec["compile_cache"] or "off",
                      "restarts": spec["max_restarts"],
                      "worker environment": " ".join(changes) or None})
+    elif plan["path"] == "torch_tpu":
+        rows.update({"start method": spec["start_method"], "TPU topology": spec["topology"],
+                     "port": spec["port"], "rendezvous": spec["rdzv_backend"],
+                     "hosts": ",".join(spec["hosts"]) or None,
+                     "chosen at launch": "TorchTPU's slice-builder ports (set_tpu_launch_env) "
+                                         "and a free handshake port",
+                     "restarts": spec["max_restarts"]})
     elif plan["path"] == "elastic":
         fallback = " (a free one if it is taken at launch)" if spec["port_fallback"] else ""
         rows.update({"start method": spec["start_method"], "port": f"{spec['port']}{fallback}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ class Entry:
             worker.record_failure(error)
             raise SystemExit(1) from None
         try:
-            result = worker.run(self.function, self.args)
+            result = worker.run(self.function, self.args, measure=self._measure())
             return worker.returnable(result) if local_rank == 0 else None
         finally:
             # A forked worker ends in os._exit, which frees everything; gloo's own teardown cost
@@ -52,6 +52,10 @@ class Entry:
 
                 with contextlib.suppress(Exception):
                     dist.destroy_process_group()
+
+    def _measure(self) -> Callable[[], Mapping[str, Any]] | None:
+        """What the rank adds to its report (a path's own counters); None: wall time and memory."""
+        return None
 
     def _prepare_torch(self, local_rank: int) -> None:
         spec = self.spec
