@@ -99,3 +99,28 @@ def test_the_report_counts_fallbacks_and_torch_tpu_warnings(v4, capfd) -> None:
     assert any("<TorchTpu/Performance/Example/> (2 time(s))" in text for text in report.warnings)
     err = capfd.readouterr().err
     assert err.count("UserWarning: Operator 'aten::histc'") == 2  # once per rank, as Python shows it
+
+
+def test_a_function_defined_in_a_cell_runs_on_torch_tpu(v4) -> None:
+    # Made in place, as in a notebook: it reaches the spawned workers by value (cloudpickle).
+    scale = 3
+
+    def cell_function(offset):
+        state = xlaunch.ProcessState()
+        return (state.process_index + offset) * scale, state.backend
+
+    assert v4(cell_function, (1,)) == (3, "tpu_dist")
+
+
+def test_the_cpu_path_with_torch_tpu_installed_spawns_a_cell_function(monkeypatch) -> None:
+    # The CPU fallback on a machine with torch-tpu installed: every spawned worker autoloads it.
+    monkeypatch.setenv("XLAUNCH_ACCELERATOR", "cpu")
+    seen = []
+
+    def cell_function():
+        import torch.distributed as dist
+
+        return dist.get_world_size(), "torch_tpu" in sys.modules, len(seen)
+
+    assert xlaunch.notebook_launcher(cell_function, num_processes=2, start_method="spawn") == (
+        2, True, 0)
