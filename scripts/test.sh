@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, in tiers: lint and types, core tests (torch CPU), notebooks in a real
-# Jupyter kernel, the docs build, the package as built and installed, and the torch_xla tiers
-# (2.9, and 2.8 as Kaggle's TPU image pins it), each in its own venv.
+# Jupyter kernel, the docs build, the package as built and installed, the torch_xla tiers (2.9,
+# and 2.8 as Kaggle's TPU image pins it) and the TorchTPU tier, each in its own venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_venv.sh
@@ -18,7 +18,7 @@ run_tier() {  # run_tier NAME COMMAND...: pytest's "no tests collected" (5) is a
 run_tier "lint (ruff)" "$BIN/ruff" check src tests bench
 run_tier "types (mypy)" "$BIN/mypy"
 run_tier "core tests (torch $("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))'))" \
-  "$PY" -m pytest tests --ignore=tests/xla --ignore=tests/notebooks -q -p no:cacheprovider
+  "$PY" -m pytest tests --ignore=tests/xla --ignore=tests/notebooks --ignore=tests/torch_tpu -q -p no:cacheprovider
 if [ -d tests/notebooks ]; then
   run_tier "notebook tests (real Jupyter kernel)" "$PY" -m pytest tests/notebooks -q -p no:cacheprovider
 fi
@@ -40,6 +40,18 @@ xla_tier() {  # xla_tier NAME REQUIREMENTS: the XLA suite (TPU notebooks include
 if [ -d tests/xla ] && [ "${XLAUNCH_SKIP_XLA:-0}" != 1 ]; then
   xla_tier xla requirements/xla.txt      # the newest torch_xla (what a TPU VM installs)
   xla_tier xla28 requirements/xla28.txt  # the release Kaggle's TPU image pins
+fi
+# TorchTPU: the real torch-tpu package (with libtpu) beside torch 2.13.0 CPU, in its own venv. No
+# TPU here: nothing may start TorchTPU's runtime, and libtpu must not query the metadata server.
+torch_tpu_tier() {
+  local tpy version
+  tpy=$(checkout_venv torch-tpu requirements/torch-tpu.txt)
+  version=$("$tpy" -c 'import importlib.metadata as m; print(m.version("torch-tpu"))')
+  run_tier "torch-tpu $version tier (no TPU: TPU_SKIP_MDS_QUERY=1, gloo and CPU substituted)" \
+    env TPU_SKIP_MDS_QUERY=1 "$tpy" -m pytest tests/torch_tpu -q -p no:cacheprovider
+}
+if [ -d tests/torch_tpu ] && [ "${XLAUNCH_SKIP_TORCH_TPU:-0}" != 1 ]; then
+  torch_tpu_tier
 fi
 # Legacy TPU Nodes: the real cloud-tpu-client (old protobuf and Google API pins) in its own venv,
 # talking to a loopback stand-in for the TPU API.

@@ -3,8 +3,8 @@
 Detection reads only files under ``root``, so a TPU VM, a Kaggle notebook or a GPU box can be
 described as a few files under ``tmp_path`` and tested on any laptop. The trees copy what the
 kernel shows on the real machines: one PCI directory per device with ``vendor``/``device`` files,
-``/dev/accelN`` for v2-v4 chips, ``/dev/vfio/N`` for v5e and later, and one directory per GPU in
-``/proc/driver/nvidia/gpus``.
+``/dev/accelN`` for v2-v4 chips, ``/dev/vfio/N`` for v5e and later (with the ``iommu_group`` link
+that names it, which TorchTPU follows), and one directory per GPU in ``/proc/driver/nvidia/gpus``.
 
     root = fake_machine(tmp_path, tpu_chips=4, tpu_device="0x0027", dev="accel")
     env = detect({**KAGGLE, "TPU_PROCESS_ADDRESSES": "local"}, root=root)
@@ -64,11 +64,11 @@ def fake_machine(
         if dev == "accel":
             (root / "dev" / f"accel{chip}").touch()
         elif dev == "vfio":
-            _vfio_group(root, vfio_groups)
+            _vfio_group(root, vfio_groups, pci / f"0000:00:{4 + chip:02x}.0")
             vfio_groups += 1
     for other in range(other_vfio):
         _pci_device(pci / f"0000:01:{other:02x}.0", NVIDIA, "0x20b0")
-        _vfio_group(root, vfio_groups)
+        _vfio_group(root, vfio_groups, pci / f"0000:01:{other:02x}.0")
         vfio_groups += 1
     for gpu in range(gpus):
         address = f"0000:{0x10 + gpu:02x}:00.0"
@@ -88,8 +88,12 @@ def _pci_device(path: Path, vendor: str, device: str) -> None:
     (path / "device").write_text(device + "\n")
 
 
-def _vfio_group(root: Path, group: int) -> None:
+def _vfio_group(root: Path, group: int, device: Path) -> None:
     vfio = root / "dev" / "vfio"
     vfio.mkdir(exist_ok=True)
     (vfio / "vfio").touch()  # the VFIO container device, present whenever VFIO is
     (vfio / str(group)).touch()
+    # sysfs links each PCI function to its IOMMU group, whose number names the /dev/vfio node.
+    groups = root / "sys" / "kernel" / "iommu_groups"
+    (groups / str(group)).mkdir(parents=True, exist_ok=True)
+    (device / "iommu_group").symlink_to(groups / str(group))

@@ -27,10 +27,14 @@ def expect(
     legacy_tpu_node: bool,
     xla_device: str | None,
     tpu_holders: tuple = (),  # a fake machine's device files are held by nobody
+    tpu_runtime: str | None = None,  # the core tier's venv holds neither torch_xla nor torch-tpu
+    tpu_hosts: tuple = (),
+    tpu_host_index: int | None = None,
 ) -> Environment:
     """An Environment with every field spelled out, so no case leans on a default."""
     return Environment(platform, accelerator, device_count, tpu_generation, tpu_chips,
-                       cores_per_chip, interactive, legacy_tpu_node, xla_device, tpu_holders)
+                       cores_per_chip, interactive, legacy_tpu_node, xla_device, tpu_holders,
+                       tpu_runtime, tpu_hosts, tpu_host_index)
 
 
 def test_expect_spells_out_every_field() -> None:
@@ -140,10 +144,12 @@ OVERRIDES = [
     # XLA on a TPU is the TPU path: the chips give the layout (it used to plan 0 processes).
     pytest.param(
         V4_VM, {"XLAUNCH_ACCELERATOR": "xla", "PJRT_DEVICE": "TPU"},
-        expect("cloud-tpu-vm", "tpu", 4, "v4", 4, 1, False, False, "TPU"), id="xla-on-tpu"),
+        # XLAUNCH_ACCELERATOR=xla names the runtime too: torch_xla, whatever is installed.
+        expect("cloud-tpu-vm", "tpu", 4, "v4", 4, 1, False, False, "TPU", tpu_runtime="torch_xla"),
+        id="xla-on-tpu"),
     pytest.param(
         V4_VM, {"XLAUNCH_ACCELERATOR": "xla"},
-        expect("cloud-tpu-vm", "tpu", 4, "v4", 4, 1, False, False, "TPU"),
+        expect("cloud-tpu-vm", "tpu", 4, "v4", 4, 1, False, False, "TPU", tpu_runtime="torch_xla"),
         id="xla-defaults-to-tpu-like-torch-xla"),
     pytest.param(
         {}, {"XLAUNCH_ACCELERATOR": "xla", "PJRT_DEVICE": "TPU"},
@@ -328,7 +334,7 @@ def test_detect_reads_only_under_root(tmp_path: Path) -> None:
     import json, sys
     from xlaunch.detect.environment import detect
     root = {str(root)!r}
-    detect({{}}, root=root)  # warm up: lazy imports open files of their own
+    detect({{}}, root=root)  # warm up: lazy imports and the package versions (read once)
     paths = []
 
     def hook(event, args):

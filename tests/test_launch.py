@@ -322,12 +322,33 @@ def test_not_callable_is_a_type_error():
         notebook_launcher("train", num_processes=2)
 
 
-def test_unpicklable_function_under_spawn_is_a_type_error_naming_it():
-    def defined_inside_a_test():
+def test_a_function_defined_in_place_runs_under_spawn():
+    # As a notebook cell's function: neither importable nor picklable by name; it travels by value.
+    offset = 10
+
+    def defined_inside_a_test(scale):
+        import torch.distributed as dist
+
+        value = torch.tensor([float(dist.get_rank() + offset) * scale])
+        dist.all_reduce(value)
+        return value.item(), os.getpid()
+
+    total, pid = notebook_launcher(defined_inside_a_test, (2.0,), num_processes=2,
+                                   start_method="spawn")
+    assert total == (10 + 11) * 2.0 and pid != os.getpid()
+
+
+def test_what_cloudpickle_cannot_send_under_spawn_is_a_type_error_naming_it():
+    import threading
+
+    def defined_inside_a_test(lock):
         return 1
 
-    with pytest.raises(TypeError, match="defined_inside_a_test"):
-        notebook_launcher(defined_inside_a_test, num_processes=2, start_method="spawn")
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    with pytest.raises(TypeError, match=r"defined_inside_a_test: its args cannot be sent to spawned"):
+        notebook_launcher(defined_inside_a_test, (threading.Lock(),), num_processes=2,
+                          start_method="spawn")
+    assert {child.pid for child in psutil.Process().children(recursive=True)} <= before
 
 
 def test_spawn_start_method_runs_a_module_function():

@@ -180,3 +180,121 @@ def raise_in_thread(thread_id: int, exception: type[BaseException]) -> bool:
               "outside the main thread cannot interrupt the function")
         return False
     return bool(setter(ctypes.c_ulong(thread_id), ctypes.py_object(exception)))
+
+
+# --- TorchTPU -----------------------------------------------------------------------------------
+# torch-tpu 0.2.0, torch_tpu/_internal/distributed/distributed.py: set_tpu_launch_env() (marked
+# experimental) writes its launch variables into os.environ, never overwriting one already set,
+# and may write some before it raises ("expected TPU devices, got none"). Each value it generates
+# is memoized in torch_tpu/_internal/env_utils.py ``_resolved_values`` and reused even after the
+# variable is unset, so a second launch in the same process would get the first one's ports and
+# topology; those entries are dropped before each call.
+TPU_LAUNCH_VARS = ("TORCH_TPU_SLICEBUILDER_ADDRESSES", "TORCH_TPU_TOPOLOGY",
+                   "TORCH_TPU_XPROF_SESSION_ID", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def tpu_launch_env(nproc_per_node: int, nnodes: int | None = None,
+                   preset: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables TorchTPU's ``set_tpu_launch_env`` computes for this launch.
+
+    ``preset`` values are in place while it runs (it keeps them: NODE_RANK from GCE, the
+    rendezvous host). ``os.environ`` is exactly as before afterwards, whether it returned or
+    raised: the variables go to the workers, not into the caller.
+    """
+    import importlib
+
+    importlib.import_module("torch_tpu")  # installs torch.tpu even with autoload turned off
+    from torch.tpu import distributed  # type: ignore[attr-defined]
+
+    saved = dict(os.environ)
+    _forget_resolved(TPU_LAUNCH_VARS)
+    try:
+        os.environ.update(preset or {})
+        with warnings.catch_warnings():
+            # "<TorchTpu/ApiStage/ExperimentalApi/> set_tpu_launch_env is experimental": known.
+            warnings.filterwarnings("ignore", message="<TorchTpu/ApiStage/")
+            distributed.set_tpu_launch_env(nnodes=nnodes, nproc_per_node=nproc_per_node)
+        return {name: value for name, value in os.environ.items() if saved.get(name) != value}
+    finally:
+        for name in [name for name in os.environ if name not in saved]:
+            del os.environ[name]
+        for name, value in saved.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+        _forget_resolved(TPU_LAUNCH_VARS)
+
+
+def _forget_resolved(names: tuple[str, ...]) -> None:
+    module = sys.modules.get("torch_tpu._internal.env_utils")
+    resolved = getattr(module, "_resolved_values", None)
+    if not isinstance(resolved, dict):
+        _loud("tpu-resolved", "torch_tpu._internal.env_utils._resolved_values is gone in this "
+              "torch-tpu; a second launch in this process may reuse the first one's TorchTPU "
+              "ports and topology")
+        return
+    for name in names:
+        resolved.pop(name, None)
+
+
+def load_device_backends() -> None:
+    """torch's device-backend autoload, run late: every ``torch.backends`` entry point, loaded
+    and called as torch/__init__.py ``_import_device_backends`` does (torch 2.5-2.13)."""
+    from importlib.metadata import entry_points
+
+    for backend in entry_points(group="torch.backends"):
+        try:
+            backend.load()()
+        except Exception as error:
+            raise RuntimeError(f"Failed to load the backend extension: {backend.name}. You can "
+                               "disable extension auto-loading with "
+                               "TORCH_DEVICE_BACKEND_AUTOLOAD=0.") from error
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    compiles: int
+    hits: int
+    compile_seconds: float | None = None
+
+
+# torch-tpu 0.2.0, torch_tpu/_internal/device/_device_module.py: ``torch.tpu._get_cache_stats()``
+# (private) returns the compilation cache's entries, each with ``num_compilations``,
+# ``num_cache_hits`` and ``num_cache_reqs`` (CacheEntryStats); ``_get_cache_hits()`` and
+# ``_get_cache_misses()`` give the totals. torch_tpu/_loader.py sets ``_LOADED`` once it set up
+# the TPU device; asking the cache before the runtime runs would start it.
+
+
+def tpu_cache_stats() -> CacheStats | None:
+    """The compilation cache's counters, or None where TorchTPU's runtime does not run here."""
+    loader = sys.modules.get("torch_tpu._loader")
+    torch = sys.modules.get("torch")
+    tpu = getattr(torch, "tpu", None)
+    if loader is None or tpu is None or not getattr(loader, "_LOADED", False):
+        return None
+    is_initialized = getattr(tpu, "is_initialized", None)
+    if is_initialized is None or not is_initialized():
+        return None
+    try:
+        return _cache_stats(tpu)
+    except Exception as error:  # noqa: BLE001 - a report never fails the training
+        _loud("tpu-cache", f"torch.tpu's compilation cache counters could not be read ({error}); "
+              "the report shows no compilations for TorchTPU")
+        return None
+
+
+def _cache_stats(tpu: Any) -> CacheStats | None:
+    entries = tpu._get_cache_stats() if hasattr(tpu, "_get_cache_stats") else None
+    if isinstance(entries, dict):
+        entries = list(entries.values())
+    if isinstance(entries, (list, tuple)) and all(hasattr(e, "num_compilations") for e in entries):
+        seconds = None
+        times: list[Any] = [getattr(entry, "compile_time", None) for entry in entries]
+        if times and all(hasattr(t, "total_seconds") for t in times):
+            seconds = sum(t.total_seconds() for t in times)
+        return CacheStats(sum(int(e.num_compilations) for e in entries),
+                          sum(int(e.num_cache_hits) for e in entries), seconds)
+    if hasattr(tpu, "_get_cache_misses") and hasattr(tpu, "_get_cache_hits"):
+        return CacheStats(int(tpu._get_cache_misses()), int(tpu._get_cache_hits()))
+    _loud("tpu-cache-shape", "torch.tpu._get_cache_stats() returned an unknown shape in this "
+          "torch-tpu; the report shows no compilations for TorchTPU")
+    return None

@@ -141,10 +141,10 @@ _LAST_REPORT: LaunchReport | None = None
 
 
 def _print_report(plan: LaunchPlan, report: LaunchReport) -> None:
-    """The XLA path prints the whole block (what TPU users need); others only its warnings."""
+    """TPU paths print the whole block (what TPU users need); others only its warnings."""
     if not plan.report:
         return
-    if plan.path == "xla":
+    if plan.path in ("xla", "torch_tpu"):
         print(report, file=sys.stderr)
     else:
         for text in report.warnings:

@@ -17,8 +17,9 @@ STORE_DIR_VAR = "XLAUNCH_STORE_DIR"  # one machine: where a script's own process
 CANCELLED_EXIT = 75  # a worker that found its launch already stopped exits at once with this
 
 # What a plan may say; mypy checks every table keyed by them.
-PathName = Literal["xla", "elastic", "inline"]
+PathName = Literal["xla", "torch_tpu", "elastic", "inline"]
 Accelerator = Literal["tpu", "cuda", "cpu"]
-DistBackend = Literal["nccl", "gloo"]
+DistBackend = Literal["nccl", "gloo", "tpu_dist"]
 StartMethod = Literal["fork", "spawn", "forkserver"]
 MixedPrecision = Literal["no", "fp16", "bf16"]
+TpuRuntime = Literal["torch_xla", "torch_tpu"]

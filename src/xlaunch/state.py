@@ -33,6 +33,7 @@ _RENDEZVOUS_TAG = "xlaunch.wait_for_everyone"
 
 class _World(NamedTuple):
     kind: str  # "xla", "distributed", "environment" (torchrun without a group) or "single"
+    # backend: "xla", "nccl", "gloo", "tpu_dist" (TorchTPU) or None
     rank: int
     size: int
     local_rank: int
@@ -134,6 +135,8 @@ class ProcessState:
             import torch_xla.core.xla_model as xm
 
             return xm.xla_device()
+        if world.backend == "tpu_dist":
+            return _tpu_device()
         import torch
 
         if world.backend == "gloo":
@@ -266,8 +269,17 @@ class ProcessState:
         device_type = self.device.type
         if device_type == "xla" and precision == "fp16":
             raise ValueError("mixed_precision 'fp16' is not supported on XLA devices; use 'bf16'")
+        if precision == "fp16" and (device_type == "tpu" or self.backend == "tpu_dist"):
+            raise ValueError("mixed_precision 'fp16' is not supported on TPU devices; use 'bf16'")
         dtype = torch.float16 if precision == "fp16" else torch.bfloat16
         return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def _tpu_device() -> Any:
+    """TorchTPU's device for this process: one per process, its index as torch.accelerator says."""
+    import torch
+
+    return torch.device("tpu", torch.accelerator.current_device_index())
 
 
 def _check_decorated(function: Any, spelling: str) -> None:

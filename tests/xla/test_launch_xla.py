@@ -244,9 +244,13 @@ def test_plan_variables_set_and_unset_in_the_workers_only(monkeypatch: pytest.Mo
 
 
 def test_spawn_start_method(pids: Path) -> None:
-    with pytest.raises(TypeError, match=r"<lambda>.*cannot be pickled.*spawn"):
-        xlaunch.notebook_launcher(lambda: 1, start_method="spawn")
+    import threading
+
+    with pytest.raises(TypeError, match=r"<lambda>: its args cannot be sent to spawned workers"):
+        xlaunch.notebook_launcher(lambda lock: 1, (threading.Lock(),), start_method="spawn")
     assert not list(pids.iterdir())  # refused before anything started
+    # A function made in place (as in a notebook cell) travels by value.
+    assert xlaunch.notebook_launcher(lambda: 41 + 1, start_method="spawn") == 42
     result = xlaunch.notebook_launcher(compute, (str(pids), 1.0), start_method="spawn")
     assert result["tensor"].tolist() == [0.0, 1.0, 2.0, 3.0]
 

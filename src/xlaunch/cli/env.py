@@ -16,7 +16,7 @@ from typing import Any
 
 from xlaunch.cli.options import add_launch_arguments, options_from, usage_error
 from xlaunch.detect import detect
-from xlaunch.detect.runtime import install_line
+from xlaunch.detect.runtime import install_line, installed_versions
 from xlaunch.plan import LaunchOptions, make_plan
 from xlaunch.plan.specs import PATHS
 
@@ -25,7 +25,9 @@ VARIABLES = (
     "XLAUNCH_ACCELERATOR", "PJRT_DEVICE", "CPU_NUM_DEVICES", "GPU_NUM_DEVICES",
     "CUDA_VISIBLE_DEVICES", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_PROCESS_ADDRESSES",
     "CLOUD_TPU_TASK_ID", "TPU_PROCESS_BOUNDS", "TPU_VISIBLE_CHIPS", "COLAB_TPU_ADDR", "TPU_NAME",
-    "KAGGLE_KERNEL_RUN_TYPE",
+    "KAGGLE_KERNEL_RUN_TYPE", "XLAUNCH_TPU_RUNTIME", "TPU_WORKER_HOSTNAMES", "TORCH_TPU_TOPOLOGY",
+    "TORCH_TPU_SLICEBUILDER_ADDRESSES", "TORCH_TPU_INTERNAL_HANDSHAKE_PORT",
+    "TORCH_DEVICE_BACKEND_AUTOLOAD",
 )
 
 
@@ -62,24 +64,39 @@ def env_report(
         "environment": environment,
         "plan": plan,
         "refusal": refusal,
-        "missing": missing(plan),
+        "missing": missing(plan, environment),
         "versions": {
             "python": platform.python_version(),
             # os.uname, not platform.platform(): that runs `uname -p` in a subprocess.
             "os": "{0.sysname}-{0.release}-{0.machine}".format(os.uname()),
-            **{name: _version(name) for name in ("xlaunch", "torch", "torch_xla", "libtpu")},
+            "xlaunch": _version("xlaunch"),
+            **installed_versions(),
         },
         "variables": {name: variables[name] for name in VARIABLES if name in variables},
     }
 
 
-def missing(plan: dict[str, Any] | None) -> list[str]:
-    """What the planned launch needs that is not installed, each with the line that installs it."""
+def missing(plan: dict[str, Any] | None, environment: dict[str, Any] | None = None) -> list[str]:
+    """What the planned launch needs that is not installed, each with the line that installs it.
+
+    On a TPU with no runtime that fits, the one line that fits this TPU and this torch.
+    """
     needed = []
-    if _version("torch") is None:
+    versions = installed_versions()
+    if versions["torch"] is None:
         needed.append("torch is not installed: pip install torch")
-    if plan is not None and plan["path"] == "xla" and _version("torch_xla") is None:
-        needed.append(f"torch_xla is not installed, and the XLA path needs it: {install_line()}")
+    generation = (environment or {}).get("tpu_generation")
+    on_tpu = (environment or {}).get("accelerator") == "tpu"
+    has_chips = on_tpu and bool((environment or {}).get("tpu_chips"))
+    if has_chips and (environment or {}).get("tpu_runtime") is None:
+        needed.append(f"no TPU runtime installed here works with torch {versions['torch']} on this "
+                      f"TPU ({generation or 'unknown generation'}): {install_line(generation)}")
+    elif plan is not None and plan["path"] == "xla" and versions["torch_xla"] is None:
+        line = install_line(generation if on_tpu else None, runtime="torch_xla")
+        needed.append(f"torch_xla is not installed, and the XLA path needs it: {line}")
+    elif plan is not None and plan["path"] == "torch_tpu" and versions["torch-tpu"] is None:
+        needed.append("torch-tpu is not installed, and the TorchTPU path needs it: "
+                      f"{install_line(generation, runtime='torch_tpu')}")
     return needed
 
 
@@ -88,6 +105,8 @@ def format_report(report: dict[str, Any]) -> str:
     lines = ["environment (xlaunch.detect())"]
     environment = dict(report["environment"] or {"error": report["refusal"]})
     holders = environment.pop("tpu_holders", None)
+    if "tpu_runtime" in environment:
+        environment["tpu_runtime"] = _runtime_row(environment, report["versions"])
     lines += _rows(environment)
     if holders is not None:
         lines += _rows({"tpu_holders": "; ".join(
@@ -106,6 +125,15 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("variables")
     lines += _rows(report["variables"] or {"(none set)": ""})
     return "\n".join(lines)
+
+
+def _runtime_row(environment: dict[str, Any], versions: dict[str, Any]) -> str | None:
+    """The TPU runtime with its version and libtpu's: ``torch_tpu 0.2.0 (libtpu 0.0.52)``."""
+    runtime = environment["tpu_runtime"]
+    if runtime is None:
+        return "none that fits" if environment.get("accelerator") == "tpu" else None
+    version = versions.get("torch-tpu" if runtime == "torch_tpu" else "torch_xla")
+    return f"{runtime} {version or '(not installed)'} (libtpu {versions.get('libtpu') or '-'})"
 
 
 def _plan_rows(plan: dict[str, Any]) -> dict[str, Any]:
@@ -127,6 +155,13 @@ def _plan_rows(plan: dict[str, Any]) -> dict[str, Any]:
                      "compile cache": spec["compile_cache"] or "off",
                      "restarts": spec["max_restarts"],
                      "worker environment": " ".join(changes) or None})
+    elif plan["path"] == "torch_tpu":
+        rows.update({"start method": spec["start_method"], "TPU topology": spec["topology"],
+                     "port": spec["port"], "rendezvous": spec["rdzv_backend"],
+                     "hosts": ",".join(spec["hosts"]) or None,
+                     "chosen at launch": "TorchTPU's slice-builder ports (set_tpu_launch_env) "
+                                         "and a free handshake port",
+                     "restarts": spec["max_restarts"]})
     elif plan["path"] == "elastic":
         fallback = " (a free one if it is taken at launch)" if spec["port_fallback"] else ""
         rows.update({"start method": spec["start_method"], "port": f"{spec['port']}{fallback}",

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from xlaunch.detect.holders import DeviceHolder, tpu_holders
-from xlaunch.names import Accelerator
+from xlaunch.detect.runtime import TORCH_TPU_CHIPS, installed_runtime, installed_versions, runtime_override
+from xlaunch.names import Accelerator, TpuRuntime
 
 Platform = Literal["colab", "kaggle", "cloud-tpu-vm", "local"]
 
@@ -55,16 +56,25 @@ class Environment:
     # XLAUNCH_ACCELERATOR=xla forces the XLA path elsewhere); None means the XLA path is not used.
     xla_device: str | None = None
     tpu_holders: tuple[DeviceHolder, ...] = ()  # processes holding a TPU device file open
+    # The installed runtime that works with the installed torch on this TPU (XLAUNCH_TPU_RUNTIME
+    # overrides); None: none installed fits (the XLA path is planned, `xlaunch env` says what
+    # to install).
+    tpu_runtime: TpuRuntime | None = None
+    # A multi-host slice (GCE's TPU_WORKER_HOSTNAMES, TPU_WORKER_ID): every host, and this one.
+    tpu_hosts: tuple[str, ...] = ()
+    tpu_host_index: int | None = None
 
     def __post_init__(self) -> None:
         # From JSON (``as_dict``), holders arrive as plain dicts: plain data both ways.
         holders = tuple(h if isinstance(h, DeviceHolder) else DeviceHolder(**h)
                         for h in self.tpu_holders)
         object.__setattr__(self, "tpu_holders", holders)
+        object.__setattr__(self, "tpu_hosts", tuple(self.tpu_hosts))
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["tpu_holders"] = [asdict(holder) for holder in self.tpu_holders]  # JSON's lists
+        data["tpu_hosts"] = list(self.tpu_hosts)
         return data
 
 
@@ -86,7 +96,8 @@ def detect(
     platform = _platform(env, has_chips=bool(chips))
     interactive = _interactive(env, platform, check_process=environ is None)
 
-    if override == "xla":
+    forced_xla = override == "xla"
+    if forced_xla:
         device = _pjrt_device(env, chips)
         if device != "TPU":
             return _forced_xla(env, device, platform, interactive)
@@ -95,16 +106,18 @@ def detect(
 
     legacy_node = not chips and _names_tpu_node(env)
     if override in ("", "tpu") and (chips or legacy_node):
-        generation: str | None
         if legacy_node:
             # Colab's old TPU Node: a remote v2-8 reached over gRPC, no chips on this host.
-            generation, cores, count = "v2/v3", 2, 4
-        else:
-            generation, cores = _one_generation(chips)
-            count = len(chips)
-        holders = () if legacy_node else tpu_holders(base)
-        return Environment(platform, "tpu", count * cores, generation, count, cores, interactive,
-                           legacy_node, "TPU", holders)
+            return Environment(platform, "tpu", 8, "v2/v3", 4, 2, interactive, True, "TPU",
+                               tpu_runtime=_runtime(env, None))
+        runtime = "torch_xla" if forced_xla else _runtime(env, chips[0])
+        holders = tpu_holders(base)
+        pod = _pod(env)
+        if runtime == "torch_tpu":
+            return _torch_tpu_environment(base, chips, platform, interactive, holders, pod)
+        generation, cores = _one_generation(chips)
+        return Environment(platform, "tpu", len(chips) * cores, generation, len(chips), cores,
+                           interactive, False, "TPU", holders, runtime, *pod)
     if override == "tpu":
         # Asked for a TPU on a host without chips: report what was asked, with no devices, so the
         # planner can refuse with the reason instead of silently falling back.
@@ -142,13 +155,8 @@ def _interactive(env: Mapping[str, str], platform: Platform, check_process: bool
 
 def _tpu_chips(base: Path) -> list[str]:
     """PCI device ids of the TPU chips this host can open, one entry per chip."""
-    pci = base / "sys" / "bus" / "pci" / "devices"
-    try:
-        entries = sorted(pci.iterdir())
-    except OSError:
-        return []
     chips = []
-    for entry in entries:
+    for entry in _pci_entries(base):
         if _read(entry / "vendor") != TPU_PCI_VENDOR:
             continue
         device_id = _read(entry / "device")
@@ -161,6 +169,56 @@ def _tpu_chips(base: Path) -> list[str]:
         p.name.isdigit() for p in (dev / "vfio").glob("*")
     )
     return chips if has_device_files else []
+
+
+def _runtime(env: Mapping[str, str], chip_id: str | None) -> TpuRuntime | None:
+    return runtime_override(env) or installed_runtime(chip_id, installed_versions())
+
+
+def _torch_tpu_environment(base: Path, chips: list[str], platform: Platform, interactive: bool,
+                           holders: tuple[DeviceHolder, ...],
+                           pod: tuple[tuple[str, ...], int | None]) -> Environment:
+    """A TPU as TorchTPU counts it: one device per TPU PCI function exposed through VFIO (its
+    IOMMU group has a /dev/vfio node), two per chip on v7. No VFIO (/dev/accel*): no devices."""
+    known = TORCH_TPU_CHIPS.get(chips[0])
+    if known is None:  # only an override gets here: TorchTPU knows no such chip (v2/v3)
+        generation, cores = _one_generation(chips)
+        return Environment(platform, "tpu", 0, generation, len(chips), cores, interactive, False,
+                           None, holders, "torch_tpu", *pod)
+    devices = _vfio_functions(base)
+    per_chip = known.devices_per_chip
+    return Environment(platform, "tpu", devices, known.generation, devices // per_chip, per_chip,
+                       interactive, False, None, holders, "torch_tpu", *pod)
+
+
+def _vfio_functions(base: Path) -> int:
+    """TPU PCI functions whose IOMMU group is open through /dev/vfio (what torch_tpu counts)."""
+    count = 0
+    for entry in _pci_entries(base):
+        if _read(entry / "vendor") != TPU_PCI_VENDOR or _read(entry / "device") not in TORCH_TPU_CHIPS:
+            continue
+        try:
+            group = os.readlink(entry / "iommu_group")
+        except OSError:
+            continue
+        if (base / "dev" / "vfio" / os.path.basename(group)).exists():
+            count += 1
+    return count
+
+
+def _pod(env: Mapping[str, str]) -> tuple[tuple[str, ...], int | None]:
+    """GCE's description of a multi-host slice: every host's name, and this host's index."""
+    hosts = tuple(name for name in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if name)
+    worker = env.get("TPU_WORKER_ID", "").strip()
+    index = int(worker) if worker.isdigit() else None
+    return (hosts, index) if len(hosts) > 1 else ((), None)
+
+
+def _pci_entries(base: Path) -> list[Path]:
+    try:
+        return sorted((base / "sys" / "bus" / "pci" / "devices").iterdir())
+    except OSError:
+        return []
 
 
 def _one_generation(chips: list[str]) -> tuple[str | None, int]:

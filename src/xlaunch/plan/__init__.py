@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from xlaunch.plan.make import make_plan
 from xlaunch.plan.options import LaunchOptions
-from xlaunch.plan.specs import ElasticSpec, InlineSpec, LaunchPlan, PathSpec, XlaSpec
+from xlaunch.plan.specs import ElasticSpec, InlineSpec, LaunchPlan, PathSpec, TorchTpuSpec, XlaSpec
 
-__all__ = ["ElasticSpec", "InlineSpec", "LaunchOptions", "LaunchPlan", "PathSpec", "XlaSpec",
-           "make_plan"]
+__all__ = ["ElasticSpec", "InlineSpec", "LaunchOptions", "LaunchPlan", "PathSpec", "TorchTpuSpec",
+           "XlaSpec", "make_plan"]

@@ -23,8 +23,10 @@ from xlaunch.plan.specs import (
     ElasticSpec,
     InlineSpec,
     LaunchPlan,
+    TorchTpuSpec,
     XlaSpec,
 )
+from xlaunch.plan.torch_tpu import torch_tpu_layout
 from xlaunch.plan.tpu_layout import tpu_layout
 
 PJRT_DEVICES = {"tpu": "TPU", "cuda": "CUDA", "cpu": "CPU"}
@@ -45,7 +47,9 @@ def make_plan(env: Environment, options: LaunchOptions | None = None,
     options = options or LaunchOptions()
     check_values(options)
     machine = machine or Machine.here()
-    if not options.cpu_only and env.xla_device is not None:
+    if not options.cpu_only and env.accelerator == "tpu" and env.tpu_runtime == "torch_tpu":
+        plan = torch_tpu_plan(env, options)
+    elif not options.cpu_only and env.xla_device is not None:
         plan = _xla_plan(env, options)
     elif env.accelerator == "cuda" and not options.cpu_only:
         plan = _cuda_plan(env, options)
@@ -56,26 +60,31 @@ def make_plan(env: Environment, options: LaunchOptions | None = None,
     return plan
 
 
+def refuse_fp16_on_tpu(options: LaunchOptions) -> None:
+    if mixed_precision(options) == "fp16":
+        raise ValueError("mixed_precision='fp16' is not supported on TPU: TPUs compute in "
+                         "bfloat16. Use mixed_precision='bf16'.")
+
+
 def mixed_precision(options: LaunchOptions) -> MixedPrecision:
     """The option as the plan holds it (check_values has refused anything else)."""
     return cast(MixedPrecision, options.mixed_precision.strip().lower())
 
 
-def _common(options: LaunchOptions) -> dict[str, Any]:
+def common(options: LaunchOptions) -> dict[str, Any]:
     return dict(mixed_precision=mixed_precision(options), timeout=options.timeout,
                 report=options.report)
 
 
 def _xla_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
-    if mixed_precision(options) == "fp16" and env.accelerator == "tpu":
-        raise ValueError("mixed_precision='fp16' is not supported on TPU: TPUs compute in "
-                         "bfloat16. Use mixed_precision='bf16'.")
+    if env.accelerator == "tpu":
+        refuse_fp16_on_tpu(options)
     if options.num_nodes > 1:
         raise ValueError(
             "num_nodes > 1 does not apply to TPUs: on a TPU pod run the same launch on every host "
             "(for example `gcloud compute tpus tpu-vm ssh --worker=all`); torch_xla forms the world.")
     if env.tpu_holders:
-        raise RuntimeError(_held(env))
+        raise RuntimeError(held(env))
     layout = tpu_layout(env, options.num_processes)
     notes = ("legacy TPU Node runtime (remote TPU, no local chips)",) if env.legacy_tpu_node else ()
     template = options.log_line_prefix_template
@@ -87,7 +96,7 @@ def _xla_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
         line_prefix=template if template is not None else XlaSpec.line_prefix,
         max_restarts=options.max_restarts, compile_cache=compile_cache(env, options.compile_cache))
     return LaunchPlan(env.accelerator, layout.processes, layout.replicas, spec,
-                      notes=notes + layout.notes, **_common(options))
+                      notes=notes + layout.notes, **common(options))
 
 
 def compile_cache(env: Environment, asked: bool | str | os.PathLike[str] | None) -> str | None:
@@ -104,7 +113,7 @@ def compile_cache(env: Environment, asked: bool | str | os.PathLike[str] | None)
     return os.fspath(asked)
 
 
-def _held(env: Environment) -> str:
+def held(env: Environment) -> str:
     holders = "; ".join(holder.describe() for holder in env.tpu_holders)
     own = [holder for holder in env.tpu_holders if holder.pid == os.getpid()]
     text = (f"The TPU is in use: {holders}. A TPU can be held by one process at a time, so the "
@@ -150,12 +159,19 @@ def _torch_plan(accelerator: Accelerator, count: int, dist_backend: DistBackend,
                 options: LaunchOptions, cpu_threads: int) -> LaunchPlan:
     world = count * options.num_nodes
     if count == 1 and options.num_nodes == 1:
-        return LaunchPlan(accelerator, 1, 1, InlineSpec(), **_common(options))
-    loopback = options.num_nodes == 1 and not options.rdzv_endpoint
-    interval = options.monitor_interval
+        return LaunchPlan(accelerator, 1, 1, InlineSpec(), **common(options))
     spec = ElasticSpec(
         dist_backend=dist_backend,
         start_method=cast(StartMethod, options.start_method) or default_start_method(),
+        cpu_threads=cpu_threads, **engine_fields(options))
+    return LaunchPlan(accelerator, count, world, spec, num_nodes=options.num_nodes,
+                      **common(options))
+
+
+def engine_fields(options: LaunchOptions) -> dict[str, Any]:
+    """What every launch on torch elastic's agent takes from the options, as spec fields."""
+    interval = options.monitor_interval
+    return dict(
         port=int(options.use_port),
         # A default port that is taken when the launch starts is replaced on one machine only:
         # other nodes were told that port.
@@ -165,7 +181,19 @@ def _torch_plan(accelerator: Accelerator, count: int, dist_backend: DistBackend,
         rdzv_conf=dict(options.rdzv_conf or {}), rdzv_id=options.rdzv_id,
         max_restarts=options.max_restarts,
         monitor_interval=FAST_MONITOR_INTERVAL if interval is DEFAULT_MONITOR_INTERVAL else interval,
-        log_line_prefix_template=options.log_line_prefix_template, cpu_threads=cpu_threads,
-        loopback_only=loopback)
-    return LaunchPlan(accelerator, count, world, spec, num_nodes=options.num_nodes,
-                      **_common(options))
+        log_line_prefix_template=options.log_line_prefix_template,
+        loopback_only=options.num_nodes == 1 and not options.rdzv_endpoint)
+
+
+def torch_tpu_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
+    """TorchTPU: spawned processes, one per device, on torch elastic; checked against its tables."""
+    refuse_fp16_on_tpu(options)
+    if env.tpu_holders:
+        raise RuntimeError(held(env))
+    layout = torch_tpu_layout(env, options)
+    options = replace(options, num_nodes=layout.num_nodes, node_rank=layout.node_rank,
+                      master_addr=layout.master_addr)
+    spec = TorchTpuSpec(dist_backend="tpu_dist", start_method="spawn", topology=layout.topology,
+                        hosts=layout.hosts, **engine_fields(options))
+    return LaunchPlan("tpu", layout.processes, layout.processes * layout.num_nodes, spec,
+                      num_nodes=layout.num_nodes, notes=layout.notes, **common(options))

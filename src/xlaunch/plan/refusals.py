@@ -73,9 +73,9 @@ _WHY_UNUSED = {
 
 def refuse_unused(plan: LaunchPlan, options: LaunchOptions) -> None:
     given = options.given()
-    if plan.path == "elastic":
+    if plan.path in ("elastic", "torch_tpu"):  # both on torch elastic's agent
         unused = {"compile_cache"} if given.get("compile_cache") not in (None, False) else set()
-        if options.num_nodes == 1 and not options.rdzv_endpoint:
+        if plan.num_nodes == 1 and not options.rdzv_endpoint:
             unused |= {"master_addr"} if "master_addr" in given else set()
             if options.rdzv_backend == "static" and options.rdzv_conf:
                 unused.add("rdzv_conf")

@@ -14,6 +14,7 @@ from xlaunch.names import Accelerator, DistBackend, MixedPrecision, PathName, St
 FAST_MONITOR_INTERVAL = 0.01
 PATHS: dict[PathName, str] = {
     "xla": "torch_xla xmp.spawn",
+    "torch_tpu": "TorchTPU on torch.distributed.elastic",
     "elastic": "torch.distributed.elastic",
     "inline": "in the calling process, no worker processes",
 }
@@ -65,13 +66,28 @@ class ElasticSpec:
 
 
 @dataclass(frozen=True)
+class TorchTpuSpec(ElasticSpec):
+    """TPU devices through TorchTPU, on torch elastic's agent: one spawned process per device.
+
+    TorchTPU's own launch variables (``set_tpu_launch_env``: slice-builder ports, topology) and
+    its handshake port are chosen when the launch starts, not here: a plan binds and probes
+    nothing, and a port picked now could be taken by then.
+    """
+
+    path: ClassVar[PathName] = "torch_tpu"
+    # dist_backend is "tpu_dist" and start_method "spawn" (TorchTPU supports only spawn).
+    topology: str = ""  # TORCH_TPU_TOPOLOGY TorchTPU's table gives this many processes per host
+    hosts: tuple[str, ...] = ()  # every host of a multi-host slice (TPU_WORKER_HOSTNAMES)
+
+
+@dataclass(frozen=True)
 class InlineSpec:
     """One process: the caller's own; nothing starts."""
 
     path: ClassVar[PathName] = "inline"
 
 
-PathSpec = XlaSpec | ElasticSpec | InlineSpec
+PathSpec = XlaSpec | TorchTpuSpec | ElasticSpec | InlineSpec
 
 
 @dataclass(frozen=True)
@@ -110,6 +126,11 @@ class LaunchPlan:
             processes = "1 process" if self.num_processes == 1 else f"{self.num_processes} processes"
             text += f" through torch_xla ({processes}"
             text += f" x {spec.threads_per_process} threads)" if spec.threads_per_process > 1 else ")"
+        elif isinstance(spec, TorchTpuSpec):
+            text = f"{count} TPU device{'' if count == 1 else 's'} through TorchTPU on torch " \
+                   f"elastic ({spec.dist_backend}, {spec.start_method})"
+            if self.num_nodes > 1:
+                text += f" on host {spec.node_rank} of {self.num_nodes}"
         elif isinstance(spec, ElasticSpec):
             text += f" through torch elastic ({spec.dist_backend}, {spec.start_method})"
             if self.num_nodes > 1:

@@ -34,6 +34,8 @@ class RankReport:
     cpu_fallbacks: Mapping[str, int] = field(default_factory=dict)  # aten op -> times run on CPU
     steps: int | None = None  # graph cuts (torch_xla.sync / mark_step) the rank made
     compile_sources: tuple[tuple[str, int], ...] = ()  # XLAUNCH_XLA_DEBUG=1: line -> compiles
+    cache_hits: int | None = None  # TorchTPU only: compiled graphs found in its cache
+    tpu_warnings: Mapping[str, int] = field(default_factory=dict)  # TorchTPU category -> count
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -65,10 +67,14 @@ class LaunchReport:
 
 def _rank_line(rank: RankReport) -> str:
     text = f"rank {rank.rank}: {rank.wall_seconds:.2f} s, peak memory {_size(rank.peak_rss_bytes)}"
-    if rank.compiles is not None:
+    if rank.compiles is not None and rank.cache_hits is not None:  # TorchTPU
+        text += f", {rank.compiles} graph(s) compiled, {rank.cache_hits} cache hit(s)"
+    elif rank.compiles is not None:
         text += (f", {rank.compiles} graph(s) compiled in {rank.compile_seconds or 0:.2f} s, "
                  f"{rank.executions} run(s), {rank.transfers_to_device} transfer(s) to and "
                  f"{rank.transfers_from_device} from the device")
+    if rank.tpu_warnings:
+        text += ", TorchTPU warnings: " + ", ".join(f"{c} x{n}" for c, n in rank.tpu_warnings.items())
     if rank.cpu_fallbacks:
         text += ", on the CPU: " + ", ".join(f"{op} x{n}" for op, n in rank.cpu_fallbacks.items())
     return text
@@ -81,21 +87,25 @@ def _size(count: int) -> str:
 def make_report(path: PathName, wall_seconds: float, ranks: Sequence[RankReport],
                 memory_total: int | None) -> LaunchReport:
     ordered = tuple(sorted(ranks, key=lambda rank: rank.rank))
-    return LaunchReport(path, wall_seconds, ordered, tuple(warnings_for(ordered, memory_total)))
+    return LaunchReport(path, wall_seconds, ordered,
+                        tuple(warnings_for(ordered, memory_total, path)))
 
 
-def warnings_for(ranks: Sequence[RankReport], memory_total: int | None) -> list[str]:
+def warnings_for(ranks: Sequence[RankReport], memory_total: int | None,
+                 path: PathName = "xla") -> list[str]:
     warnings = []
     recompiling = [rank for rank in ranks if recompiles(rank)]
     if recompiling:
         worst = max(recompiling, key=lambda r: r.compiles or 0)
         warnings.append(
-            f"recompilation: rank {worst.rank} compiled {worst.compiles} graphs in {worst.steps} "
-            "steps, so graphs are still being compiled step after step. Usual causes: input "
+            f"recompilation: rank {worst.rank} compiled {worst.compiles} graphs "
+            + (f"in {worst.steps} " if worst.steps else f"(and found {worst.cache_hits} in its cache) ")
+            + ("steps, " if worst.steps else "")
+            + "so graphs are still being compiled step after step. Usual causes: input "
             "shapes that change (pad batches to a fixed size, drop_last=True), Python values "
-            "read from tensors inside the loop (.item(), print, if on a tensor). Run with "
-            "XLAUNCH_XLA_DEBUG=1 to see which lines trigger compilations; more: "
-            f"{RECOMPILE_DOCS}")
+            "read from tensors inside the loop (.item(), print, if on a tensor)"
+            + (". Run with XLAUNCH_XLA_DEBUG=1 to see which lines trigger compilations; more: "
+               f"{RECOMPILE_DOCS}" if path == "xla" else "."))
         warnings += _sources(worst)
     fallbacks: dict[str, int] = {}
     for rank in ranks:
@@ -103,10 +113,12 @@ def warnings_for(ranks: Sequence[RankReport], memory_total: int | None) -> list[
             fallbacks[op] = fallbacks.get(op, 0) + count
     if fallbacks:
         ops = ", ".join(f"{op} ({count} time(s))" for op, count in sorted(fallbacks.items()))
+        lacking = "TorchTPU has no TPU kernel" if path == "torch_tpu" else "XLA has no lowering"
         warnings.append(
-            f"CPU fallbacks: {ops} ran on the CPU because XLA has no lowering for them; each "
+            f"CPU fallbacks: {ops} ran on the CPU because {lacking} for them; each "
             "call copies its tensors to the host and back and cuts the graph. Replace the op, "
             "or move it out of the training step.")
+    warnings += _performance(ranks)
     if memory_total:
         for rank in ranks:
             if rank.peak_rss_bytes >= MEMORY_NEAR * memory_total:
@@ -116,6 +128,20 @@ def warnings_for(ranks: Sequence[RankReport], memory_total: int | None) -> list[
                     "killer ends a process with SIGKILL; load data lazily, lower the batch size "
                     "or the number of data-loader workers.")
     return warnings
+
+
+def _performance(ranks: Sequence[RankReport]) -> list[str]:
+    """TorchTPU's own performance warnings (``<TorchTpu/Performance/...>``), counted."""
+    counts: dict[str, int] = {}
+    for rank in ranks:
+        for category, count in rank.tpu_warnings.items():
+            if category.startswith("TorchTpu/Performance/"):
+                counts[category] = counts.get(category, 0) + count
+    if not counts:
+        return []
+    seen = ", ".join(f"<{category}> ({count} time(s))" for category, count in sorted(counts.items()))
+    return [f"TorchTPU performance warnings: {seen}; each says what it costs and how to fix it "
+            "in the ranks' output above."]
 
 
 def recompiles(rank: RankReport) -> bool:

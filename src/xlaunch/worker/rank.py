@@ -148,17 +148,30 @@ def flush_output() -> None:
 
 
 def check_picklable(function: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    """Refuse, before anything starts, what ``spawn`` or ``forkserver`` could not send."""
+    """Refuse, before anything starts, what ``spawn`` or ``forkserver`` could not send.
+
+    The function and its arguments travel by value (cloudpickle): functions and closures defined
+    in a notebook cell go too. What cloudpickle cannot carry either (a lock, an open file, a
+    socket, a generator) is refused here, naming the function.
+    """
     for what, value in (("function", function), ("args", args)):
         try:
-            pickle.dumps(value)
+            by_value(value)
         except Exception as error:  # noqa: BLE001
             name = getattr(function, "__qualname__", repr(function))
             raise TypeError(
-                f"{name}: its {what} cannot be pickled, which start_method='spawn' needs "
-                f"({error}). Functions defined in a notebook cannot be pickled: leave "
-                "start_method at its default (fork), or move the function into a module."
+                f"{name}: its {what} cannot be sent to spawned workers, even by value with "
+                f"cloudpickle ({error}). Pass only what can be pickled (not a lock, an open file, "
+                "a socket or a generator; create those inside the function), or leave "
+                "start_method at its default (fork)."
             ) from None
+
+
+def by_value(value: Any) -> bytes:
+    """``value`` pickled by value where plain pickle would name it (notebook functions)."""
+    import cloudpickle
+
+    return cloudpickle.dumps(value)
 
 
 def to_cpu(value: Any) -> Any:

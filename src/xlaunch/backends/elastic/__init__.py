@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from xlaunch.backends.elastic.engine import EngineRun
+from xlaunch.backends.elastic.engine import EngineExtras, EngineRun
 from xlaunch.backends.ports import choose_port
 from xlaunch.backends.supervise import signals_deferred, supervise
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
@@ -28,8 +28,11 @@ from xlaunch.worker.rank import check_picklable
 
 
 def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
-           args: tuple[Any, ...]) -> Outcome:
-    """Run ``function(*args)`` in every worker of this node; local rank 0's result in the outcome."""
+           args: tuple[Any, ...], extras: EngineExtras | None = None) -> Outcome:
+    """Run ``function(*args)`` in every worker of this node; local rank 0's result in the outcome.
+
+    ``extras``: what a path built on the engine adds (TorchTPU's variables and worker entry).
+    """
     if spec.start_method != "fork":
         check_picklable(function, args)
     # Bound now, as the launch starts (a plan binds nothing): a taken default port is replaced.
@@ -38,7 +41,7 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
     launch_dir = LaunchDir.create()
     run = None
     try:
-        run = EngineRun(plan, spec, port, function, args, launch_dir)
+        run = EngineRun(plan, spec, port, function, args, launch_dir, extras)
         timed_out = supervise(run, plan.timeout)
         attempts = run.attempts(timed_out)
         reports = tuple(read_rank_reports(launch_dir.latest_attempt()))
@@ -49,7 +52,7 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
             launch_dir.remove()
     results = run.results or {}
     return Outcome(
-        path="elastic", world_size=plan.world_size,
+        path=plan.path, world_size=plan.world_size,
         exits=attempts[-1] if attempts else (), earlier_attempts=tuple(attempts[:-1]),
         # Keyed by global rank: this node's local rank 0 holds the smallest of its ranks.
         result=results[min(results)] if results else None,

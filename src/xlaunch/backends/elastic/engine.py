@@ -15,7 +15,7 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from xlaunch import _compat
@@ -32,12 +32,25 @@ LOCAL_RDZV = "xlaunch-local"
 SHUTDOWN_GRACE_S = 3  # a worker that ignores its stop signal is killed after this
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineExtras:
+    """What a path built on the engine adds (TorchTPU): the same agent, workers, facts."""
+
+    worker_env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # in every worker
+    # In the caller's environment while the engine starts its workers: what a spawned worker
+    # must find before its first import (torch's device-backend autoload reads it then).
+    at_start: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+    entry: Callable[..., Entry] = Entry  # (function, args, setup, spec) -> the worker's entry
+
+
 class EngineRun:
     """One launch on the engine: `supervise` drives it (see supervise.Supervised)."""
 
     def __init__(self, plan: LaunchPlan, spec: ElasticSpec, port: int,
-                 function: Callable[..., Any], args: tuple[Any, ...], launch_dir: LaunchDir) -> None:
+                 function: Callable[..., Any], args: tuple[Any, ...], launch_dir: LaunchDir,
+                 extras: EngineExtras | None = None) -> None:
         self.plan, self.spec, self.port = plan, spec, port
+        self.extras = extras or EngineExtras()
         self.function, self.args = function, args
         self.launch_dir = launch_dir
         self.children: list[_compat.Child] = []
@@ -59,12 +72,13 @@ class EngineRun:
             self._started = True
             self.tree = ProcessTree()
         forked = self.spec.start_method == "fork"
-        setup = WorkerSetup(self.launch_dir.path, self._worker_env(),
+        setup = WorkerSetup(self.launch_dir.path, {**self._worker_env(), **self.extras.worker_env},
                             line_prefix="[rank ${rank}] " if self._prefix_here() else None,
                             tree=self.tree.ticket(forked), tempdir=tempfile.gettempdir())
-        entry = Entry(self.function, self.args, setup, self.spec)
+        entry = self.extras.entry(self.function, self.args, setup, self.spec)
         try:
             with _compat.engine_loggers_quiet(), _shared_store_off(self.spec), \
+                    overlay(self.extras.at_start), \
                     _temp_files_in(self.launch_dir.path), _compat.recording_children() as children:
                 self.children = children
                 self.results = elastic_launch(self._config(), worker_main)(entry)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+import pickle
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from xlaunch.names import CANCELLED_EXIT, STORE_DIR_VAR
 from xlaunch.plan.specs import ElasticSpec
-from xlaunch.worker.rank import Worker, WorkerSetup
+from xlaunch.worker.rank import Worker, WorkerSetup, by_value
 
 
 def worker_main(entry: Entry) -> Any:
@@ -19,14 +20,32 @@ def worker_main(entry: Entry) -> Any:
 
 
 class Entry:
-    """The function each worker process runs (a plain object, so ``spawn`` can pickle it)."""
+    """The function each worker process runs (a plain object, so ``spawn`` can pickle it).
+
+    Under ``spawn`` the function and its arguments travel by value (cloudpickle), and are
+    unpickled only once the worker is set up, so that what their unpickling imports sees the
+    rank's variables, and a failure to unpickle is that rank's recorded failure.
+    """
 
     def __init__(self, function: Callable[..., Any], args: tuple[Any, ...], setup: WorkerSetup,
                  spec: ElasticSpec) -> None:
-        self.function = function
-        self.args = args
+        self.function: Callable[..., Any] | None = function
+        self.args: tuple[Any, ...] = args
         self.setup = setup
         self.spec = spec
+        self._payload: bytes | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(function=None, args=(), _payload=by_value((self.function, self.args)))
+        return state
+
+    def _work(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        if self._payload is not None:
+            self.function, self.args = pickle.loads(self._payload)
+            self._payload = None
+        assert self.function is not None
+        return self.function, self.args
 
     def __call__(self) -> Any:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -42,7 +61,12 @@ class Entry:
             worker.record_failure(error)
             raise SystemExit(1) from None
         try:
-            result = worker.run(self.function, self.args)
+            function, args = self._work()
+        except Exception as error:  # noqa: BLE001 - reported as this rank's failure
+            worker.record_failure(error)
+            raise SystemExit(1) from None
+        try:
+            result = worker.run(function, args, measure=self._measure())
             return worker.returnable(result) if local_rank == 0 else None
         finally:
             # A forked worker ends in os._exit, which frees everything; gloo's own teardown cost
@@ -52,6 +76,10 @@ class Entry:
 
                 with contextlib.suppress(Exception):
                     dist.destroy_process_group()
+
+    def _measure(self) -> Callable[[], Mapping[str, Any]] | None:
+        """What the rank adds to its report (a path's own counters); None: wall time and memory."""
+        return None
 
     def _prepare_torch(self, local_rank: int) -> None:
         spec = self.spec

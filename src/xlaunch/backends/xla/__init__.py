@@ -91,7 +91,8 @@ def require_torch_xla() -> None:
     if importlib.util.find_spec("torch_xla") is not None:
         return
     raise ModuleNotFoundError(
-        f"No module named 'torch_xla': the XLA path needs it. Install it with: {install_line()}",
+        f"No module named 'torch_xla': the XLA path needs it. Install it with: "
+        f"{install_line(runtime='torch_xla')}",
         name="torch_xla")
 
 

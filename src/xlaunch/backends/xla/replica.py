@@ -18,7 +18,7 @@ from typing import Any
 
 from xlaunch.backends.xla.metrics import DEBUG_FILE_VAR, collect
 from xlaunch.worker.launch_dir import atomic_write
-from xlaunch.worker.rank import Worker, WorkerSetup
+from xlaunch.worker.rank import Worker, WorkerSetup, by_value
 
 RESULT_FILE = "result.pkl"
 
@@ -33,6 +33,17 @@ class Job:
     attempt: int = 0
     stderr_fd: int | None = None  # the launch's stderr pipe, inherited by forked replicas
     compile_cache: str | None = None  # torch_xla's persistent cache, one folder per process
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Under spawn the function and its arguments travel by value (cloudpickle), so functions
+        # defined in a notebook cell reach the replicas.
+        state = dict(self.__dict__)
+        state.update(function=None, args=(), payload=by_value((self.function, self.args)))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        function, args = pickle.loads(state.pop("payload"))
+        self.__dict__.update(state, function=function, args=args)
 
 
 # The job, for replicas forked from the caller: xmp.spawn's pool pickles what it is given even
