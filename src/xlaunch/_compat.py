@@ -180,3 +180,38 @@ def raise_in_thread(thread_id: int, exception: type[BaseException]) -> bool:
               "outside the main thread cannot interrupt the function")
         return False
     return bool(setter(ctypes.c_ulong(thread_id), ctypes.py_object(exception)))
+
+
+# --- torch.compile (dynamo): what it compiled in this process -----------------------------------
+# torch 2.4-2.13, torch/_dynamo/utils.py: ``counters`` (a defaultdict of Counters): "stats"
+# "unique_graphs" (graphs captured), "frames" "ok" (frames compiled, recompilations included),
+# "graph_break" (one key per break reason). torch/_dynamo/convert_frame.py:
+# ``FRAME_COMPILE_COUNTER`` (frame id -> times that frame was compiled).
+
+
+def dynamo_counts() -> dict[str, int] | None:
+    """torch.compile's running totals in this process; None where dynamo was never imported.
+
+    Read-only: never imports torch or dynamo (a worker that did not use torch.compile pays
+    nothing).
+    """
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return None
+    counters = getattr(utils, "counters", None)
+    if not isinstance(counters, dict):
+        _loud("dynamo", "torch._dynamo.utils.counters is gone in this torch; the report no longer "
+              "says what torch.compile compiled")
+        return None
+    frames = sys.modules.get("torch._dynamo.convert_frame")
+    per_frame = getattr(frames, "FRAME_COMPILE_COUNTER", None)
+    if frames is not None and not isinstance(per_frame, dict):
+        _loud("dynamo-frames", "torch._dynamo.convert_frame.FRAME_COMPILE_COUNTER is gone in "
+              "this torch; the report no longer counts torch.compile's recompilations")
+    return {
+        "graphs": int(counters.get("stats", {}).get("unique_graphs", 0)),
+        "graph_breaks": int(sum(counters.get("graph_break", {}).values())),
+        "frames": int(counters.get("frames", {}).get("ok", 0)),
+        "recompiles": (int(sum(max(0, count - 1) for count in per_frame.values()))
+                       if isinstance(per_frame, dict) else 0),
+    }
