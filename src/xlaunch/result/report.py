@@ -54,6 +54,7 @@ class LaunchReport:
     wall_seconds: float
     ranks: tuple[RankReport, ...] = ()
     warnings: tuple[str, ...] = ()
+    memory_total: int | None = None  # this machine's memory (the memory bars' scale)
 
     def __str__(self) -> str:
         lines = [f"xlaunch report: {self.path} launch, {len(self.ranks)} rank(s) reported, "
@@ -61,6 +62,12 @@ class LaunchReport:
         lines += [f"  {_rank_line(rank)}" for rank in self.ranks]
         lines += [f"warning: {text}" for text in self.warnings]
         return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: warnings above, highlighted, then a table with a row per rank."""
+        from xlaunch.result.report_html import render
+
+        return render(self)
 
 
 def _rank_line(rank: RankReport) -> str:
@@ -81,7 +88,8 @@ def _size(count: int) -> str:
 def make_report(path: PathName, wall_seconds: float, ranks: Sequence[RankReport],
                 memory_total: int | None) -> LaunchReport:
     ordered = tuple(sorted(ranks, key=lambda rank: rank.rank))
-    return LaunchReport(path, wall_seconds, ordered, tuple(warnings_for(ordered, memory_total)))
+    return LaunchReport(path, wall_seconds, ordered, tuple(warnings_for(ordered, memory_total)),
+                        memory_total)
 
 
 def warnings_for(ranks: Sequence[RankReport], memory_total: int | None) -> list[str]:
