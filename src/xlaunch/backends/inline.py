@@ -19,7 +19,7 @@ from typing import Any
 
 from xlaunch import _compat
 from xlaunch.backends.envvars import overlay
-from xlaunch.names import MIXED_PRECISION_VAR, RESTART_VAR
+from xlaunch.names import RESTART_VAR
 from xlaunch.plan.specs import InlineSpec, LaunchPlan
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import Outcome, RankExit
@@ -39,7 +39,7 @@ def launch(plan: LaunchPlan, spec: InlineSpec, function: Callable[..., Any],
     pid = os.getpid()
     ended: dict[str, Any] = {}
     try:
-        with overlay({MIXED_PRECISION_VAR: plan.mixed_precision, RESTART_VAR: "0"}), \
+        with overlay({**plan.worker_variables(), RESTART_VAR: "0"}), \
                 _deadline(plan.timeout, stack):
             result = function(*args)
         rank_exit = RankExit(rank=0, pid=pid, exitcode=0)
