@@ -127,6 +127,10 @@ class LaunchPlan:
         count = self.world_size // self.num_nodes
         one, many = {"tpu": ("TPU core", "TPU cores"), "cuda": ("GPU", "GPUs"),
                      "cpu": ("CPU process", "CPU processes")}[self.accelerator]
+        if isinstance(spec, XlaSpec) and self.accelerator != "tpu":
+            # XLA's CPU or GPU devices: replicas are devices, several may share one process
+            device = f"XLA {spec.pjrt_device or ''} device".replace("  ", " ")
+            one, many = device, f"{device}s"
         text = f"{count} {one if count == 1 else many}"
         if isinstance(spec, XlaSpec):
             processes = "1 process" if self.num_processes == 1 else f"{self.num_processes} processes"

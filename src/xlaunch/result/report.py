@@ -14,9 +14,13 @@ from dataclasses import asdict, dataclass, field
 
 from xlaunch.names import PathName
 
-RECOMPILE_DOCS = "https://docs.pytorch.org/xla/release/r2.8/perf/recompilation.html"
+RECOMPILE_DOCS = "https://docs.pytorch.org/xla/release/r{release}/perf/recompilation.html"
+RECOMPILE_DOCS_NEWEST = "https://docs.pytorch.org/xla/master/perf/recompilation.html"
+DYNAMO_DOCS = "https://docs.pytorch.org/docs/stable/torch.compiler_troubleshooting.html"
+DYNAMO_RECOMPILES = 4  # dynamo recompiles once for a new shape (then marks it dynamic); more is a loop
 MEMORY_NEAR = 0.8  # a rank whose peak passes this share of the machine's memory is warned about
 STEADY_COMPILES = 4  # a training loop compiles a handful of graphs (a warm-up), then reuses them
+LATE_COMPILES = 3  # graphs compiled in a run's later half beyond what a final evaluation adds
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,11 @@ class RankReport:
     cpu_fallbacks: Mapping[str, int] = field(default_factory=dict)  # aten op -> times run on CPU
     steps: int | None = None  # graph cuts (torch_xla.sync / mark_step) the rank made
     compile_sources: tuple[tuple[str, int], ...] = ()  # XLAUNCH_XLA_DEBUG=1: line -> compiles
+    late_compiles: int | None = None  # XLA: graphs compiled in the later half of the executions
+    # torch.compile (dynamo's counters), on every path; None where the rank never used it
+    dynamo_graphs: int | None = None
+    dynamo_graph_breaks: int | None = None
+    dynamo_recompiles: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -76,6 +85,9 @@ def _rank_line(rank: RankReport) -> str:
         text += (f", {rank.compiles} graph(s) compiled in {rank.compile_seconds or 0:.2f} s, "
                  f"{rank.executions} run(s), {rank.transfers_to_device} transfer(s) to and "
                  f"{rank.transfers_from_device} from the device")
+    if rank.dynamo_graphs is not None:
+        text += (f", torch.compile: {rank.dynamo_graphs} graph(s), {rank.dynamo_graph_breaks} "
+                 f"graph break(s), {rank.dynamo_recompiles} recompilation(s)")
     if rank.cpu_fallbacks:
         text += ", on the CPU: " + ", ".join(f"{op} x{n}" for op, n in rank.cpu_fallbacks.items())
     return text
@@ -99,12 +111,13 @@ def warnings_for(ranks: Sequence[RankReport], memory_total: int | None) -> list[
         worst = max(recompiling, key=lambda r: r.compiles or 0)
         warnings.append(
             f"recompilation: rank {worst.rank} compiled {worst.compiles} graphs in {worst.steps} "
-            "steps, so graphs are still being compiled step after step. Usual causes: input "
+            f"steps{_late(worst)}, so graphs are still being compiled step after step. Usual causes: input "
             "shapes that change (pad batches to a fixed size, drop_last=True), Python values "
             "read from tensors inside the loop (.item(), print, if on a tensor). Run with "
             "XLAUNCH_XLA_DEBUG=1 to see which lines trigger compilations; more: "
-            f"{RECOMPILE_DOCS}")
+            f"{recompile_docs()}")
         warnings += _sources(worst)
+    warnings += _dynamo_warnings(ranks)
     fallbacks: dict[str, int] = {}
     for rank in ranks:
         for op, count in rank.cpu_fallbacks.items():
@@ -127,11 +140,53 @@ def warnings_for(ranks: Sequence[RankReport], memory_total: int | None) -> list[
 
 
 def recompiles(rank: RankReport) -> bool:
-    """Still compiling step after step: past a warm-up's few graphs, one every other step."""
+    """Still compiling step after step, judged on the run's later half.
+
+    A loop warms up: it compiles its graphs in its first steps (a short run compiles most of its
+    graphs there: 12 in 15 steps is a warm-up, not recompilation), then only runs them. So what
+    counts is the graphs compiled after half the run's executions: a new graph for every other
+    execution or more there (and more than the couple a final evaluation adds) means the loop
+    keeps compiling. Without the metrics' samples (an older release), the whole run's count, and
+    only where the run was long enough to have warmed up.
+    """
     compiles = rank.compiles or 0
     if compiles <= STEADY_COMPILES:
         return False
-    return compiles * 2 >= rank.steps if rank.steps else compiles > 2 * STEADY_COMPILES
+    if rank.late_compiles is not None:
+        late_executions = (rank.executions or 0) // 2
+        return rank.late_compiles >= LATE_COMPILES and rank.late_compiles * 2 >= late_executions
+    if not rank.steps or rank.steps < 4 * STEADY_COMPILES:
+        return False
+    return compiles * 2 >= rank.steps
+
+
+def recompile_docs() -> str:
+    """torch_xla's recompilation guide for the installed release (the newest docs without one)."""
+    from importlib import metadata
+
+    try:
+        major, minor = metadata.version("torch_xla").split(".")[:2]
+    except (metadata.PackageNotFoundError, ValueError):
+        return RECOMPILE_DOCS_NEWEST
+    return RECOMPILE_DOCS.format(release=f"{major}.{minor}")
+
+
+def _late(rank: RankReport) -> str:
+    return "" if rank.late_compiles is None else f", {rank.late_compiles} of them in its later half"
+
+
+def _dynamo_warnings(ranks: Sequence[RankReport]) -> list[str]:
+    looping = [rank for rank in ranks if (rank.dynamo_recompiles or 0) > DYNAMO_RECOMPILES]
+    if not looping:
+        return []
+    worst = max(looping, key=lambda rank: rank.dynamo_recompiles or 0)
+    return [
+        f"torch.compile recompilation: rank {worst.rank} recompiled {worst.dynamo_recompiles} "
+        f"times ({worst.dynamo_graphs} graphs, {worst.dynamo_graph_breaks} graph breaks), so "
+        "the compiled code keeps being recompiled. Usual causes: input shapes that change (pad "
+        "batches, drop_last=True, or torch._dynamo.mark_dynamic), Python values or globals that "
+        "change each step, a new model object per step. TORCH_LOGS=recompiles prints why each "
+        f"recompilation happened; more: {DYNAMO_DOCS}"]
 
 
 def _sources(rank: RankReport) -> list[str]:

@@ -47,11 +47,10 @@ def _row(rank: RankReport, memory_total: int | None) -> str:
 
 
 def _dynamo(rank: RankReport) -> str:
-    graphs = getattr(rank, "dynamo_graphs", None)
-    if graphs is None:
+    if rank.dynamo_graphs is None:
         return "-"
-    return (f"{graphs} graph(s), {getattr(rank, 'dynamo_graph_breaks', 0)} break(s), "
-            f"{getattr(rank, 'dynamo_recompiles', 0)} recompilation(s)")
+    return (f"{rank.dynamo_graphs} graph(s), {rank.dynamo_graph_breaks} break(s), "
+            f"{rank.dynamo_recompiles} recompilation(s)")
 
 
 def _memory(peak: int, total: int | None) -> str:

@@ -1,5 +1,6 @@
-"""What each rank measures of itself as its function ends: wall time, peak memory, and what the
-path adds (the XLA metrics), left as a small record in the attempt's folder for the report."""
+"""What each rank measures of itself as its function ends: wall time, peak memory, what
+torch.compile did (on every path), and what the path adds (the XLA metrics), left as a small
+record in the attempt's folder for the report."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from xlaunch._compat import dynamo_counts
 from xlaunch.result.report import RankReport
 from xlaunch.worker.launch_dir import atomic_write
 
@@ -33,3 +35,18 @@ def write_rank_report(attempt: Path, rank: int, wall_seconds: float,
                         **extra)
     record = {"pid": os.getpid(), "report": json.loads(report.to_json())}
     atomic_write(attempt / f"report-{rank}.json", json.dumps(record))
+
+
+def dynamo_since(baseline: Mapping[str, int] | None) -> dict[str, Any]:
+    """What torch.compile did in this process since ``baseline`` (`dynamo_counts()` then), as
+    the report's fields; empty where it compiled nothing (a forked worker inherits its parent's
+    totals, hence the difference)."""
+    now = dynamo_counts()
+    if now is None:
+        return {}
+    before = baseline or {}
+    delta = {name: count - before.get(name, 0) for name, count in now.items()}
+    if delta["frames"] <= 0 and delta["graphs"] <= 0:
+        return {}
+    return {"dynamo_graphs": delta["graphs"], "dynamo_graph_breaks": delta["graph_breaks"],
+            "dynamo_recompiles": max(0, delta["recompiles"])}
