@@ -189,9 +189,11 @@ def raise_in_thread(thread_id: int, exception: type[BaseException]) -> bool:
 # ``FRAME_COMPILE_COUNTER`` (frame id -> times that frame was compiled).
 
 
-def dynamo_counts() -> dict[str, int] | None:
+def dynamo_counts() -> dict[str, Any] | None:
     """torch.compile's running totals in this process; None where dynamo was never imported.
 
+    ``per_frame`` maps each compiled frame to the times it was compiled, so the caller can tell
+    recompilations in a stretch of the run (a frame compiled again) from first compilations.
     Read-only: never imports torch or dynamo (a worker that did not use torch.compile pays
     nothing).
     """
@@ -212,6 +214,5 @@ def dynamo_counts() -> dict[str, int] | None:
         "graphs": int(counters.get("stats", {}).get("unique_graphs", 0)),
         "graph_breaks": int(sum(counters.get("graph_break", {}).values())),
         "frames": int(counters.get("frames", {}).get("ok", 0)),
-        "recompiles": (int(sum(max(0, count - 1) for count in per_frame.values()))
-                       if isinstance(per_frame, dict) else 0),
+        "per_frame": dict(per_frame) if isinstance(per_frame, dict) else {},
     }

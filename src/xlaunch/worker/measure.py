@@ -37,16 +37,19 @@ def write_rank_report(attempt: Path, rank: int, wall_seconds: float,
     atomic_write(attempt / f"report-{rank}.json", json.dumps(record))
 
 
-def dynamo_since(baseline: Mapping[str, int] | None) -> dict[str, Any]:
+def dynamo_since(baseline: Mapping[str, Any] | None) -> dict[str, Any]:
     """What torch.compile did in this process since ``baseline`` (`dynamo_counts()` then), as
     the report's fields; empty where it compiled nothing (a forked worker inherits its parent's
-    totals, hence the difference)."""
+    totals, hence the difference). A recompilation is a frame compiled again since then."""
     now = dynamo_counts()
     if now is None:
         return {}
     before = baseline or {}
-    delta = {name: count - before.get(name, 0) for name, count in now.items()}
-    if delta["frames"] <= 0 and delta["graphs"] <= 0:
+    graphs = now["graphs"] - before.get("graphs", 0)
+    if now["frames"] - before.get("frames", 0) <= 0 and graphs <= 0:
         return {}
-    return {"dynamo_graphs": delta["graphs"], "dynamo_graph_breaks": delta["graph_breaks"],
-            "dynamo_recompiles": max(0, delta["recompiles"])}
+    earlier = before.get("per_frame", {})
+    again = sum(max(0, count - earlier.get(frame, 0) - 1) for frame, count in now["per_frame"].items())
+    return {"dynamo_graphs": graphs,
+            "dynamo_graph_breaks": now["graph_breaks"] - before.get("graph_breaks", 0),
+            "dynamo_recompiles": again}

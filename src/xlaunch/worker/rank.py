@@ -122,7 +122,7 @@ class Worker:
             flush_output()
 
     def _report(self, wall_seconds: float, measure: Callable[[], Mapping[str, Any]] | None,
-                compiled_before: Mapping[str, int] | None) -> None:
+                compiled_before: Mapping[str, Any] | None) -> None:
         try:
             extra = {**dynamo_since(compiled_before), **(measure() if measure is not None else {})}
             write_rank_report(self.attempt, self.rank, wall_seconds, extra)
