@@ -81,15 +81,16 @@ def test_report_true_prints_the_warnings_and_false_prints_nothing(capfd):
 def test_warnings_name_what_to_do():
     steady = RankReport(0, 1.0, 100 * MIB, compiles=3, compile_seconds=0.5, executions=40,
                         transfers_to_device=2, transfers_from_device=1, steps=20)
-    changing = RankReport(1, 1.0, 900 * MIB, compiles=8, compile_seconds=4.0, executions=8,
-                          transfers_to_device=8, transfers_from_device=8, steps=8,
+    changing = RankReport(1, 1.0, 900 * MIB, compiles=16, compile_seconds=4.0, executions=16,
+                          transfers_to_device=8, transfers_from_device=8, steps=8, late_compiles=8,
                           cpu_fallbacks={"aten::histc": 8},
                           compile_sources=(("train.py:12", 7), ("train.py:30", 1)))
     assert warnings_for([steady], memory_total=2**40) == []
     long_run = RankReport(2, 9.0, MIB, compiles=6, steps=1000)  # a few graphs, then reused
     assert warnings_for([long_run], memory_total=None) == []
     warnings = warnings_for([steady, changing], memory_total=1000 * MIB)
-    assert any(w.startswith("recompilation: rank 1 compiled 8 graphs in 8 steps") for w in warnings)
+    assert any(w.startswith("recompilation: rank 1 compiled 16 graphs in 8 steps, 8 of them in "
+                            "its later half") for w in warnings)
     assert any("train.py:12 (7x)" in w for w in warnings)
     assert any("aten::histc (8 time(s))" in w for w in warnings)
     assert any(w.startswith("host memory: rank 1 peaked at 900 MiB") for w in warnings)

@@ -298,3 +298,39 @@ def _cache_stats(tpu: Any) -> CacheStats | None:
     _loud("tpu-cache-shape", "torch.tpu._get_cache_stats() returned an unknown shape in this "
           "torch-tpu; the report shows no compilations for TorchTPU")
     return None
+
+
+# --- torch.compile (dynamo): what it compiled in this process -----------------------------------
+# torch 2.4-2.13, torch/_dynamo/utils.py: ``counters`` (a defaultdict of Counters): "stats"
+# "unique_graphs" (graphs captured), "frames" "ok" (frames compiled, recompilations included),
+# "graph_break" (one key per break reason). torch/_dynamo/convert_frame.py:
+# ``FRAME_COMPILE_COUNTER`` (frame id -> times that frame was compiled).
+
+
+def dynamo_counts() -> dict[str, Any] | None:
+    """torch.compile's running totals in this process; None where dynamo was never imported.
+
+    ``per_frame`` maps each compiled frame to the times it was compiled, so the caller can tell
+    recompilations in a stretch of the run (a frame compiled again) from first compilations.
+    Read-only: never imports torch or dynamo (a worker that did not use torch.compile pays
+    nothing).
+    """
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return None
+    counters = getattr(utils, "counters", None)
+    if not isinstance(counters, dict):
+        _loud("dynamo", "torch._dynamo.utils.counters is gone in this torch; the report no longer "
+              "says what torch.compile compiled")
+        return None
+    frames = sys.modules.get("torch._dynamo.convert_frame")
+    per_frame = getattr(frames, "FRAME_COMPILE_COUNTER", None)
+    if frames is not None and not isinstance(per_frame, dict):
+        _loud("dynamo-frames", "torch._dynamo.convert_frame.FRAME_COMPILE_COUNTER is gone in "
+              "this torch; the report no longer counts torch.compile's recompilations")
+    return {
+        "graphs": int(counters.get("stats", {}).get("unique_graphs", 0)),
+        "graph_breaks": int(sum(counters.get("graph_break", {}).values())),
+        "frames": int(counters.get("frames", {}).get("ok", 0)),
+        "per_frame": dict(per_frame) if isinstance(per_frame, dict) else {},
+    }

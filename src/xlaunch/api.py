@@ -141,14 +141,29 @@ _LAST_REPORT: LaunchReport | None = None
 
 
 def _print_report(plan: LaunchPlan, report: LaunchReport) -> None:
-    """TPU paths print the whole block (what TPU users need); others only its warnings."""
+    """In a notebook the table is displayed (every path); elsewhere the TPU paths print the whole
+    block (what TPU users need), others only its warnings."""
     if not plan.report:
         return
-    if plan.path in ("xla", "torch_tpu"):
+    display = _kernel_display()
+    if display is not None:
+        display(report)
+    elif plan.path in ("xla", "torch_tpu"):
         print(report, file=sys.stderr)
     else:
         for text in report.warnings:
             print(f"xlaunch: warning: {text}", file=sys.stderr)
+
+
+def _kernel_display() -> Callable[[Any], None] | None:
+    """IPython's ``display`` when this process is a Jupyter kernel (not a terminal IPython)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return None
+    from IPython.display import display
+
+    return display  # type: ignore[no-any-return]
 
 
 def _check_args(function: object, args: object) -> tuple[Any, ...]:

@@ -54,6 +54,7 @@ class CellRun:
     stdout: str = ""
     stderr: str = ""
     results: list[str] = field(default_factory=list)  # text/plain of execute_result outputs
+    displays: list[dict[str, Any]] = field(default_factory=list)  # display_data: mime type -> data
     error: dict[str, Any] | None = None  # ename, evalue, traceback
 
     @property
@@ -112,6 +113,8 @@ class Kernel:
                     run.stderr += content["text"]
             elif kind == "execute_result":
                 run.results.append(content["data"].get("text/plain", ""))
+            elif kind == "display_data":
+                run.displays.append(content["data"])
             elif kind == "error":
                 run.error = content
 

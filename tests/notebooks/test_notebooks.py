@@ -69,8 +69,13 @@ def test_notebook_is_stripped_v4_and_complete(path: Path):
     assert "disable=not state.is_local_main_process" in tagged(nb, "train").source
     launch = tagged(nb, "launch").source
     assert "notebook_launcher(train" in launch and "result = " in launch
-    # Plain xlaunch everywhere: the TPU images' torch, torch_xla and libtpu stay as they are.
-    assert re.search(r"^\s*%pip install --quiet xlaunch$", install, re.M), install
+    # Plain xlaunch everywhere (no extra): the TPU images' torch, torch_xla and libtpu stay as
+    # they are. Until the first release, from the wheel; the PyPI line is marked for later.
+    assert re.search(r"^\s*%pip install --quiet /\S+/xlaunch-\*\.whl$", install, re.M), install
+    assert re.search(r"^\s*# after the first release: %pip install --quiet xlaunch$", install,
+                     re.M), install
+    if path.name in TPU_NOTEBOOKS:
+        assert tagged(nb, "machine-check").source.strip() == "!xlaunch check"
     if path.name in TPU_NOTEBOOKS:
         assert "XLAUNCH_NOTEBOOK_ALLOW_NO_TPU" in tagged(nb, "runtime").source
         assert TPU_MENUS[path.name] in tagged(nb, "runtime").source

@@ -128,7 +128,7 @@ def test_two_launches_in_a_row(pids: Path) -> None:
 def test_num_processes_every_device_or_refused_with_the_values_that_work() -> None:
     assert make_plan(detect(), LaunchOptions(num_processes=None)).world_size == 1
     assert make_plan(detect(), LaunchOptions(num_processes=1)).world_size == 1
-    with pytest.raises(ValueError, match=r"num_processes=3 .*use None or 1 \(every device\) or 1"):
+    with pytest.raises(ValueError, match=r"num_processes=3 .*use None or 1 \(the one device\)$"):
         xlaunch.notebook_launcher(compute, ("unused", 1.0), num_processes=3)
 
 

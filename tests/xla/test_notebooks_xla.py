@@ -139,6 +139,8 @@ def test_tpu_notebook_runs_its_xla_code_on_the_xla_device(name: str, kernel_env:
     launch = stdout(tagged(nb, "launch"))
     assert re.search(r"^process 0 of 1 on xla:0: 2048 samples$", launch, re.M), launch
     assert "training worked" in stdout(tagged(nb, "check"))
+    machine_check = stdout(tagged(nb, "machine-check"))
+    assert "xlaunch check: ok, every step held" in machine_check, machine_check
 
     found = json.loads(stdout(nb.cells[-1]).split(MARK, 1)[1])
     result = found["notebook"]

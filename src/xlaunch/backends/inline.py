@@ -19,12 +19,12 @@ from typing import Any
 
 from xlaunch import _compat
 from xlaunch.backends.envvars import overlay
-from xlaunch.names import MIXED_PRECISION_VAR, RESTART_VAR
+from xlaunch.names import RESTART_VAR
 from xlaunch.plan.specs import InlineSpec, LaunchPlan
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import Outcome, RankExit
 from xlaunch.result.report import RankReport
-from xlaunch.worker.measure import peak_rss_bytes
+from xlaunch.worker.measure import dynamo_since, peak_rss_bytes
 from xlaunch.worker.rank import to_cpu
 
 
@@ -38,8 +38,9 @@ def launch(plan: LaunchPlan, spec: InlineSpec, function: Callable[..., Any],
     started = time.perf_counter()
     pid = os.getpid()
     ended: dict[str, Any] = {}
+    compiled_before = _compat.dynamo_counts()
     try:
-        with overlay({MIXED_PRECISION_VAR: plan.mixed_precision, RESTART_VAR: "0"}), \
+        with overlay({**plan.worker_variables(), RESTART_VAR: "0"}), \
                 _deadline(plan.timeout, stack):
             result = function(*args)
         rank_exit = RankExit(rank=0, pid=pid, exitcode=0)
@@ -52,7 +53,8 @@ def launch(plan: LaunchPlan, spec: InlineSpec, function: Callable[..., Any],
         record = ProcessFailure.from_exception(error, rank=0, skip_frames=1)
         rank_exit = RankExit(rank=0, pid=pid, exitcode=1, record=record)
         ended["exception"] = error
-    measured = (RankReport(0, time.perf_counter() - started, peak_rss_bytes()),)
+    measured = (RankReport(0, time.perf_counter() - started, peak_rss_bytes(),
+                           **dynamo_since(compiled_before)),)
     return Outcome("inline", 1, (rank_exit,), timeout=plan.timeout, rank_reports=measured, **ended)
 
 

@@ -1,4 +1,4 @@
-"""The ``xlaunch`` command: ``env``, ``run`` and ``demo``, one function each.
+"""The ``xlaunch`` command: ``env``, ``run``, ``check`` and ``demo``, one function each.
 
 Each subcommand is a function in `COMMANDS` that adds its parser and sets ``handler``. Handlers
 import what they need when they run, so ``xlaunch env`` stays cheap and never imports torch or
@@ -69,6 +69,21 @@ def add_run(commands: Any) -> None:
     parser.set_defaults(handler=run.main)
 
 
+def add_check(commands: Any) -> None:
+    from xlaunch.cli import check
+
+    parser = commands.add_parser(
+        "check", help="a real small launch on this machine's hardware, and a verdict",
+        description="Launch on every TPU core, every GPU, or 2 CPU processes and check, step by "
+                    "step (each timed): every rank starts and knows its rank, an all-reduce sums "
+                    "right, a barrier passes, a few training steps at one shape stop compiling, "
+                    "the result comes back. Exits 0 only when every step held. Paste the output "
+                    "(with `xlaunch env`'s) into bug reports.",
+    )
+    check.add_arguments(parser)
+    parser.set_defaults(handler=check.main)
+
+
 def add_demo(commands: Any) -> None:
     from xlaunch.cli import demo
 
@@ -82,6 +97,6 @@ def add_demo(commands: Any) -> None:
     parser.set_defaults(handler=demo.main)
 
 
-COMMANDS: list[Callable[[Any], None]] = [add_env, add_run, add_demo]
+COMMANDS: list[Callable[[Any], None]] = [add_env, add_run, add_check, add_demo]
 
 

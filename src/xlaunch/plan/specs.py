@@ -8,7 +8,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from xlaunch.names import Accelerator, DistBackend, MixedPrecision, PathName, StartMethod
+from xlaunch.names import (
+    MIXED_PRECISION_VAR,
+    Accelerator,
+    DistBackend,
+    MixedPrecision,
+    PathName,
+    StartMethod,
+)
 
 # Left at its default, the engine checks its workers this often instead (see options.py).
 FAST_MONITOR_INTERVAL = 0.01
@@ -115,12 +122,31 @@ class LaunchPlan:
             return "xla"
         return self.spec.dist_backend if isinstance(self.spec, ElasticSpec) else None
 
+    def worker_variables(self) -> dict[str, str]:
+        """What every worker's environment gets from the options: xlaunch's own variable, and
+        the ones ``accelerate launch`` sets for the same options (accelerate 1.x,
+        ``accelerate/utils/launch.py``), so an ``Accelerator()`` in the workers reads them too.
+
+        accelerate's are set only for what was asked (a precision, CPU processes): a variable
+        the user set for accelerate stays when the launch asks nothing.
+        """
+        variables: dict[str, str] = {MIXED_PRECISION_VAR: self.mixed_precision}
+        if self.mixed_precision != "no":
+            variables["ACCELERATE_MIXED_PRECISION"] = self.mixed_precision
+        if self.accelerator == "cpu" and not isinstance(self.spec, XlaSpec):
+            variables["ACCELERATE_USE_CPU"] = "True"  # ``accelerate launch --cpu``
+        return variables
+
     def summary(self) -> str:
         """One line saying what will run, so a launch never silently does something else."""
         spec = self.spec
         count = self.world_size // self.num_nodes
         one, many = {"tpu": ("TPU core", "TPU cores"), "cuda": ("GPU", "GPUs"),
                      "cpu": ("CPU process", "CPU processes")}[self.accelerator]
+        if isinstance(spec, XlaSpec) and self.accelerator != "tpu":
+            # XLA's CPU or GPU devices: replicas are devices, several may share one process
+            device = f"XLA {spec.pjrt_device or ''} device".replace("  ", " ")
+            one, many = device, f"{device}s"
         text = f"{count} {one if count == 1 else many}"
         if isinstance(spec, XlaSpec):
             processes = "1 process" if self.num_processes == 1 else f"{self.num_processes} processes"

@@ -93,7 +93,7 @@ def _device_layout(env: Environment, num_processes: int | None) -> TpuLayout:
         return TpuLayout(1, 1, nprocs=1)
     raise ValueError(
         f"num_processes={num_processes} does not fit this XLA device ({env.xla_device}, "
-        f"{count} device(s)); use {_choices([f'None or {count} (every device)', '1'])}"
+        f"{count} device(s)); use {_every_or_one(count, 'device')}"
     )
 
 
@@ -106,8 +106,14 @@ def _tpu_node_layout(env: Environment, num_processes: int | None) -> TpuLayout:
         return TpuLayout(1, 1, nprocs=1)
     raise ValueError(
         f"num_processes={num_processes} does not fit this TPU Node ({count} cores); "
-        f"use {_choices([f'None or {count} (every core)', '1'])}"
+        f"use {_every_or_one(count, 'core')}"
     )
+
+
+def _every_or_one(count: int, unit: str) -> str:
+    if count == 1:
+        return f"None or 1 (the one {unit})"
+    return _choices([f"None or {count} (every {unit})", f"1 (one {unit})"])
 
 
 def _choices(values: list[str]) -> str:

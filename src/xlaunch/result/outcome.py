@@ -18,6 +18,7 @@ The root cause is decided from those facts alone, never from when a thread happe
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,15 +120,30 @@ def _failure(rank_exit: RankExit, cause: str) -> ProcessFailure:
     base = rank_exit.record or ProcessFailure(rank=rank_exit.rank)
     message = base.message
     if cause == DIED and not base.exc_type:
-        message = ("ended without raising a Python exception: killed by a signal nobody in the "
-                   "launch sent (the out-of-memory killer does this) or a crash"
-                   if (rank_exit.exitcode or 0) < 0 else
-                   "ended without raising a Python exception in the function: os._exit(), or "
-                   "an error before the function started (its stderr says which)")
+        message = _died(rank_exit.exitcode or 0)
     return dataclasses.replace(
         base, rank=rank_exit.rank, pid=rank_exit.pid or base.pid,
         exitcode=rank_exit.exitcode if rank_exit.exitcode is not None else base.exitcode,
         message=message, stack=rank_exit.stack, stderr_tail=rank_exit.stderr_tail, cause=cause)
+
+
+def _died(exitcode: int) -> str:
+    """What a death without a Python exception usually means, by the signal that ended it."""
+    if exitcode >= 0:
+        return ("ended without raising a Python exception in the function: os._exit(), or "
+                "an error before the function started (its stderr says which)")
+    if -exitcode == signal.SIGKILL:
+        return ("ended without raising a Python exception: killed by a signal nobody in the "
+                "launch sent (the out-of-memory killer does this) or a crash")
+    if -exitcode == signal.SIGABRT:
+        return ("ended without raising a Python exception: aborted by native code (a failed "
+                "check or abort() in a C++ library such as XLA, libtpu or a collective); the "
+                "reason is in its last stderr lines")
+    if -exitcode in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE):
+        return ("ended without raising a Python exception: crashed in native code (a C or C++ "
+                "extension); its last stderr lines may say where")
+    return ("ended without raising a Python exception: killed by a signal nobody in the launch "
+            "sent")
 
 
 def judge(outcome: Outcome, report: LaunchReport | None = None) -> LaunchError | None:

@@ -14,9 +14,13 @@ from dataclasses import asdict, dataclass, field
 
 from xlaunch.names import PathName
 
-RECOMPILE_DOCS = "https://docs.pytorch.org/xla/release/r2.8/perf/recompilation.html"
+RECOMPILE_DOCS = "https://docs.pytorch.org/xla/release/r{release}/perf/recompilation.html"
+RECOMPILE_DOCS_NEWEST = "https://docs.pytorch.org/xla/master/perf/recompilation.html"
+DYNAMO_DOCS = "https://docs.pytorch.org/docs/stable/torch.compiler_troubleshooting.html"
+DYNAMO_RECOMPILES = 4  # dynamo recompiles once for a new shape (then marks it dynamic); more is a loop
 MEMORY_NEAR = 0.8  # a rank whose peak passes this share of the machine's memory is warned about
 STEADY_COMPILES = 4  # a training loop compiles a handful of graphs (a warm-up), then reuses them
+LATE_COMPILES = 3  # graphs compiled in a run's later half beyond what a final evaluation adds
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,11 @@ class RankReport:
     compile_sources: tuple[tuple[str, int], ...] = ()  # XLAUNCH_XLA_DEBUG=1: line -> compiles
     cache_hits: int | None = None  # TorchTPU only: compiled graphs found in its cache
     tpu_warnings: Mapping[str, int] = field(default_factory=dict)  # TorchTPU category -> count
+    late_compiles: int | None = None  # XLA: graphs compiled in the later half of the executions
+    # torch.compile (dynamo's counters), on every path; None where the rank never used it
+    dynamo_graphs: int | None = None
+    dynamo_graph_breaks: int | None = None
+    dynamo_recompiles: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -56,6 +65,7 @@ class LaunchReport:
     wall_seconds: float
     ranks: tuple[RankReport, ...] = ()
     warnings: tuple[str, ...] = ()
+    memory_total: int | None = None  # this machine's memory (the memory bars' scale)
 
     def __str__(self) -> str:
         lines = [f"xlaunch report: {self.path} launch, {len(self.ranks)} rank(s) reported, "
@@ -63,6 +73,12 @@ class LaunchReport:
         lines += [f"  {_rank_line(rank)}" for rank in self.ranks]
         lines += [f"warning: {text}" for text in self.warnings]
         return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: warnings above, highlighted, then a table with a row per rank."""
+        from xlaunch.result.report_html import render
+
+        return render(self)
 
 
 def _rank_line(rank: RankReport) -> str:
@@ -75,6 +91,9 @@ def _rank_line(rank: RankReport) -> str:
                  f"{rank.transfers_from_device} from the device")
     if rank.tpu_warnings:
         text += ", TorchTPU warnings: " + ", ".join(f"{c} x{n}" for c, n in rank.tpu_warnings.items())
+    if rank.dynamo_graphs is not None:
+        text += (f", torch.compile: {rank.dynamo_graphs} graph(s), {rank.dynamo_graph_breaks} "
+                 f"graph break(s), {rank.dynamo_recompiles} recompilation(s)")
     if rank.cpu_fallbacks:
         text += ", on the CPU: " + ", ".join(f"{op} x{n}" for op, n in rank.cpu_fallbacks.items())
     return text
@@ -88,7 +107,7 @@ def make_report(path: PathName, wall_seconds: float, ranks: Sequence[RankReport]
                 memory_total: int | None) -> LaunchReport:
     ordered = tuple(sorted(ranks, key=lambda rank: rank.rank))
     return LaunchReport(path, wall_seconds, ordered,
-                        tuple(warnings_for(ordered, memory_total, path)))
+                        tuple(warnings_for(ordered, memory_total, path)), memory_total)
 
 
 def warnings_for(ranks: Sequence[RankReport], memory_total: int | None,
@@ -99,14 +118,15 @@ def warnings_for(ranks: Sequence[RankReport], memory_total: int | None,
         worst = max(recompiling, key=lambda r: r.compiles or 0)
         warnings.append(
             f"recompilation: rank {worst.rank} compiled {worst.compiles} graphs "
-            + (f"in {worst.steps} " if worst.steps else f"(and found {worst.cache_hits} in its cache) ")
-            + ("steps, " if worst.steps else "")
+            + (f"in {worst.steps} steps{_late(worst)}, " if worst.steps
+               else f"and found {worst.cache_hits} in its cache, ")
             + "so graphs are still being compiled step after step. Usual causes: input "
             "shapes that change (pad batches to a fixed size, drop_last=True), Python values "
             "read from tensors inside the loop (.item(), print, if on a tensor)"
             + (". Run with XLAUNCH_XLA_DEBUG=1 to see which lines trigger compilations; more: "
-               f"{RECOMPILE_DOCS}" if path == "xla" else "."))
+               f"{recompile_docs()}" if path == "xla" else "."))
         warnings += _sources(worst)
+    warnings += _dynamo_warnings(ranks)
     fallbacks: dict[str, int] = {}
     for rank in ranks:
         for op, count in rank.cpu_fallbacks.items():
@@ -145,11 +165,56 @@ def _performance(ranks: Sequence[RankReport]) -> list[str]:
 
 
 def recompiles(rank: RankReport) -> bool:
-    """Still compiling step after step: past a warm-up's few graphs, one every other step."""
+    """Still compiling step after step, judged on the run's later half.
+
+    A loop warms up: it compiles its graphs in its first steps (a short run compiles most of its
+    graphs there: 12 in 15 steps is a warm-up, not recompilation), then only runs them. So what
+    counts is the graphs compiled after half the run's executions: a new graph for every other
+    execution or more there (and more than the couple a final evaluation adds) means the loop
+    keeps compiling. Without the metrics' samples (an older release), the whole run's count, and
+    only where the run was long enough to have warmed up.
+    """
     compiles = rank.compiles or 0
     if compiles <= STEADY_COMPILES:
         return False
-    return compiles * 2 >= rank.steps if rank.steps else compiles > 2 * STEADY_COMPILES
+    if rank.cache_hits is not None:  # TorchTPU: new graphs against graphs found in its cache
+        lookups = compiles + rank.cache_hits
+        return lookups >= 4 * STEADY_COMPILES and compiles * 2 >= lookups
+    if rank.late_compiles is not None:
+        late_executions = (rank.executions or 0) // 2
+        return rank.late_compiles >= LATE_COMPILES and rank.late_compiles * 2 >= late_executions
+    if not rank.steps or rank.steps < 4 * STEADY_COMPILES:
+        return False
+    return compiles * 2 >= rank.steps
+
+
+def recompile_docs() -> str:
+    """torch_xla's recompilation guide for the installed release (the newest docs without one)."""
+    from importlib import metadata
+
+    try:
+        major, minor = metadata.version("torch_xla").split(".")[:2]
+    except (metadata.PackageNotFoundError, ValueError):
+        return RECOMPILE_DOCS_NEWEST
+    return RECOMPILE_DOCS.format(release=f"{major}.{minor}")
+
+
+def _late(rank: RankReport) -> str:
+    return "" if rank.late_compiles is None else f", {rank.late_compiles} of them in its later half"
+
+
+def _dynamo_warnings(ranks: Sequence[RankReport]) -> list[str]:
+    looping = [rank for rank in ranks if (rank.dynamo_recompiles or 0) > DYNAMO_RECOMPILES]
+    if not looping:
+        return []
+    worst = max(looping, key=lambda rank: rank.dynamo_recompiles or 0)
+    return [
+        f"torch.compile recompilation: rank {worst.rank} recompiled {worst.dynamo_recompiles} "
+        f"times ({worst.dynamo_graphs} graphs, {worst.dynamo_graph_breaks} graph breaks), so "
+        "the compiled code keeps being recompiled. Usual causes: input shapes that change (pad "
+        "batches, drop_last=True, or torch._dynamo.mark_dynamic), Python values or globals that "
+        "change each step, a new model object per step. TORCH_LOGS=recompiles prints why each "
+        f"recompilation happened; more: {DYNAMO_DOCS}"]
 
 
 def _sources(rank: RankReport) -> list[str]:

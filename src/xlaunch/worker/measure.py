@@ -1,5 +1,6 @@
-"""What each rank measures of itself as its function ends: wall time, peak memory, and what the
-path adds (the XLA metrics), left as a small record in the attempt's folder for the report."""
+"""What each rank measures of itself as its function ends: wall time, peak memory, what
+torch.compile did (on every path), and what the path adds (the XLA metrics), left as a small
+record in the attempt's folder for the report."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from xlaunch._compat import dynamo_counts
 from xlaunch.result.report import RankReport
 from xlaunch.worker.launch_dir import atomic_write
 
@@ -33,3 +35,21 @@ def write_rank_report(attempt: Path, rank: int, wall_seconds: float,
                         **extra)
     record = {"pid": os.getpid(), "report": json.loads(report.to_json())}
     atomic_write(attempt / f"report-{rank}.json", json.dumps(record))
+
+
+def dynamo_since(baseline: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What torch.compile did in this process since ``baseline`` (`dynamo_counts()` then), as
+    the report's fields; empty where it compiled nothing (a forked worker inherits its parent's
+    totals, hence the difference). A recompilation is a frame compiled again since then."""
+    now = dynamo_counts()
+    if now is None:
+        return {}
+    before = baseline or {}
+    graphs = now["graphs"] - before.get("graphs", 0)
+    if now["frames"] - before.get("frames", 0) <= 0 and graphs <= 0:
+        return {}
+    earlier = before.get("per_frame", {})
+    again = sum(max(0, count - earlier.get(frame, 0) - 1) for frame, count in now["per_frame"].items())
+    return {"dynamo_graphs": graphs,
+            "dynamo_graph_breaks": now["graph_breaks"] - before.get("graph_breaks", 0),
+            "dynamo_recompiles": again}

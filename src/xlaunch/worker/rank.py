@@ -21,12 +21,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from xlaunch._compat import dynamo_counts
 from xlaunch.names import CANCELLED_EXIT, RESTART_VAR
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.worker import process_tree
 from xlaunch.worker.hints import hint_for
 from xlaunch.worker.launch_dir import STACK_SIGNAL, LaunchDir, note_returned, record_failure, write_pid
-from xlaunch.worker.measure import write_rank_report
+from xlaunch.worker.measure import dynamo_since, write_rank_report
 from xlaunch.worker.output import PrefixedStream
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -99,6 +100,7 @@ class Worker:
         if self.cancelled:
             raise SystemExit(CANCELLED_EXIT)
         started = time.perf_counter()
+        compiled_before = dynamo_counts()
         try:
             result = function(*args)
             note_returned(self.attempt, self.rank)
@@ -116,12 +118,13 @@ class Worker:
             self.record_failure(error, skip_frames=1)  # this frame is ours, not the user's
             raise SystemExit(1) from None
         finally:
-            self._report(time.perf_counter() - started, measure)
+            self._report(time.perf_counter() - started, measure, compiled_before)
             flush_output()
 
-    def _report(self, wall_seconds: float, measure: Callable[[], Mapping[str, Any]] | None) -> None:
+    def _report(self, wall_seconds: float, measure: Callable[[], Mapping[str, Any]] | None,
+                compiled_before: Mapping[str, Any] | None) -> None:
         try:
-            extra = measure() if measure is not None else {}
+            extra = {**dynamo_since(compiled_before), **(measure() if measure is not None else {})}
             write_rank_report(self.attempt, self.rank, wall_seconds, extra)
         except Exception as error:  # noqa: BLE001 - a report must never fail the training
             print(f"xlaunch: rank {self.rank} could not write its report: {error}", file=sys.stderr)

@@ -22,7 +22,6 @@ from xlaunch import _compat
 from xlaunch.backends.elastic.entry import Entry, worker_main
 from xlaunch.backends.envvars import overlay
 from xlaunch.backends.exits import AttemptFiles, ChildExit, elastic_exits
-from xlaunch.names import MIXED_PRECISION_VAR
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
 from xlaunch.worker.launch_dir import LaunchDir, dump_stacks, worker_pids
 from xlaunch.worker.process_tree import ProcessTree
@@ -129,7 +128,7 @@ class EngineRun:
         return self.spec.log_line_prefix_template is None
 
     def _worker_env(self) -> dict[str, str]:
-        env: dict[str, str] = {MIXED_PRECISION_VAR: self.plan.mixed_precision}
+        env: dict[str, str] = self.plan.worker_variables()
         if self.spec.loopback_only:
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
         if self.spec.socket_ifname is not None:  # the user's own choice of interface wins

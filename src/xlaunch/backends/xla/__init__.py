@@ -29,7 +29,7 @@ from xlaunch.backends.xla.pool import PoolRun
 from xlaunch.backends.xla.replica import Job
 from xlaunch.backends.xla.tpu_node import prepare_tpu_node
 from xlaunch.detect.runtime import install_line
-from xlaunch.names import MIXED_PRECISION_VAR, WORLD_VAR
+from xlaunch.names import WORLD_VAR
 from xlaunch.plan.specs import LaunchPlan, XlaSpec
 from xlaunch.result.outcome import Outcome, RankExit, judge
 from xlaunch.worker.launch_dir import LaunchDir, read_rank_reports
@@ -40,7 +40,7 @@ def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
            args: tuple[Any, ...]) -> Outcome:
     """Run ``function(*args)`` on every replica of ``plan``; replica 0's result in the outcome."""
     refuse_initialised_runtime()
-    env = {WORLD_VAR: "xla", MIXED_PRECISION_VAR: plan.mixed_precision, **spec.worker_env}
+    env = {WORLD_VAR: "xla", **plan.worker_variables(), **spec.worker_env}
     if spec.legacy_tpu_node:  # configured (or refused, naming the torch_xla it needs) first
         env.update(prepare_tpu_node(os.environ))
     require_torch_xla()

@@ -3,7 +3,8 @@
 Names follow torch_xla 2.8/2.9: counters ``UncachedCompile`` (graphs compiled), ``MarkStep``
 (graph cuts: ``torch_xla.sync()``, ``xm.mark_step()``), ``aten::<op>`` (ops run on the CPU for
 want of a lowering); metrics ``CompileTime``, ``ExecuteTime``, ``ExecuteReplicatedTime``,
-``TransferToDeviceTime``, ``TransferFromDeviceTime`` as (samples, total ns, recent samples).
+``TransferToDeviceTime``, ``TransferFromDeviceTime`` as (samples, total ns, recent samples), each
+recent sample a (timestamp in seconds, value) pair.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def collect() -> dict[str, Any]:
         return int(data[0]) if data else 0
 
     compile_time = met.metric_data("CompileTime")
+    executed = [met.metric_data(name) for name in ("ExecuteTime", "ExecuteReplicatedTime")]
     return dict(
+        late_compiles=late_compiles(compile_time, executed),
         compiles=int(met.counter_value("UncachedCompile") or 0),
         compile_seconds=(compile_time[1] / 1e9) if compile_time else 0.0,
         executions=samples("ExecuteTime") + samples("ExecuteReplicatedTime"),
@@ -45,6 +48,24 @@ def collect() -> dict[str, Any]:
         steps=int(met.counter_value("MarkStep") or 0),
         compile_sources=compile_sources(os.environ.get(DEBUG_FILE_VAR)),
     )
+
+
+def late_compiles(compile_time: Any, executed: list[Any]) -> int | None:
+    """Graphs compiled in the later half of the run (by executions), from the metrics' samples.
+
+    Each metric keeps its recent samples as (timestamp in seconds, value). A loop that warms up
+    compiles early and then only executes; one that recompiles keeps compiling to the end. None
+    when the samples are missing (a release that keeps none) or too few executions to judge.
+    """
+    try:
+        compiled = [float(sample[0]) for sample in (compile_time[2] if compile_time else ())]
+        runs = sorted(float(sample[0]) for data in executed if data for sample in data[2])
+    except (TypeError, IndexError, ValueError):
+        return None
+    if len(runs) < 4:
+        return None
+    middle = runs[len(runs) // 2]
+    return sum(1 for stamp in compiled if stamp > middle)
 
 
 def compile_sources(path: str | None) -> tuple[tuple[str, int], ...]:

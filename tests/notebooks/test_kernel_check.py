@@ -1,0 +1,54 @@
+"""`xlaunch check` and the launch report in a real Jupyter kernel, as a notebook user meets them.
+
+The kernel has ``XLAUNCH_ACCELERATOR=cpu``. The check runs from the kernel's own process (its
+workers are forked from the kernel, as a notebook's launch is) and as the shell command the TPU
+notebooks run right after installing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_check_in_the_kernel_process_passes(kernel):
+    cell = kernel.run("from xlaunch.cli import main\nprint('exit status', main(['check']))")
+    assert cell.status == "ok", cell.describe()
+    assert "xlaunch check: ok, every step held" in cell.stdout, cell.describe()
+    assert "exit status 0" in cell.stdout
+    assert not kernel.children(), "the check left processes running in the kernel"
+
+
+def test_check_as_a_shell_command_in_a_cell(kernel):
+    cell = kernel.run("!xlaunch check")
+    assert cell.status == "ok", cell.describe()
+    assert "xlaunch check: ok, every step held" in cell.stdout, cell.describe()
+
+
+REPORTED = '''
+from xlaunch import ProcessState, notebook_launcher
+
+def rank_of():
+    return ProcessState().process_index
+'''
+
+
+def test_a_launch_displays_the_report_as_a_table_with_a_row_per_rank(kernel):
+    assert kernel.run(REPORTED).status == "ok"
+    cell = kernel.run("notebook_launcher(rank_of, num_processes=2)")
+    assert cell.status == "ok", cell.describe()
+    html = [data["text/html"] for data in cell.displays if "text/html" in data]
+    assert len(html) == 1, cell.describe()
+    table = html[0]
+    assert table.count('<tr class="xlaunch-rank">') == 2, table
+    assert "<td>0</td>" in table and "<td>1</td>" in table
+    assert "peak memory" in table and 'class="xlaunch-memory-bar"' in table  # the machine's memory
+    plain = [data["text/plain"] for data in cell.displays if "text/html" in data][0]
+    assert plain.startswith("LaunchReport(") or "xlaunch report" in plain
+
+
+def test_report_false_displays_nothing(kernel):
+    cell = kernel.run("notebook_launcher(rank_of, num_processes=2, report=False)")
+    assert cell.status == "ok", cell.describe()
+    assert not cell.displays, cell.describe()

@@ -1,0 +1,98 @@
+"""`xlaunch check` as a user runs it: a real launch of 2 CPU processes and a verdict.
+
+Every test starts real workers (cheap on CPU). What is checked is what a user sees: the exit
+status, one line per step, the verdict, the JSON; a failure names its step and shows the error.
+Nothing asserts a duration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from xlaunch.cli import check
+from xlaunch.cli.check_steps import STEPS, CheckConfig
+from xlaunch.detect import detect
+from xlaunch.plan import LaunchOptions, make_plan
+
+STEERING = ("XLAUNCH_ACCELERATOR", "PJRT_DEVICE", "CPU_NUM_DEVICES", "GPU_NUM_DEVICES")
+ALL_STEPS = ["plan", *STEPS, "result"]
+
+
+def xlaunch_check(*args: str, accelerator: str = "cpu") -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in STEERING}
+    env["XLAUNCH_ACCELERATOR"] = accelerator
+    return subprocess.run([sys.executable, "-m", "xlaunch", "check", *args], env=env,
+                          capture_output=True, text=True, timeout=280)
+
+
+def test_check_passes_on_two_cpu_processes_with_every_step_timed():
+    result = xlaunch_check()
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "xlaunch check"
+    rows = lines[1:-1]
+    assert [row.split()[1] for row in rows] == ALL_STEPS, result.stdout
+    assert all(row.split()[0] == "ok" and " s  " in row for row in rows), result.stdout
+    assert "2 CPU processes through torch elastic" in rows[0]
+    assert "2 rank(s) started" in rows[1] and "sum 3 on every rank" in rows[2]
+    assert "none in the 4 steady steps" in rows[4], rows[4]
+    assert lines[-1].startswith("xlaunch check: ok, every step held")
+
+
+def test_check_json_says_ok_and_carries_the_plan_and_report():
+    result = xlaunch_check("--json")
+    assert result.returncode == 0, result.stderr
+    verdict = json.loads(result.stdout)
+    assert verdict["ok"] is True and verdict["failed_step"] is None
+    assert [step["name"] for step in verdict["steps"]] == ALL_STEPS
+    assert all(step["ok"] and step["seconds"] is not None for step in verdict["steps"])
+    assert verdict["plan"]["world_size"] == 2
+    assert [rank["rank"] for rank in verdict["report"]["ranks"]] == [0, 1]
+
+
+def test_check_takes_the_launch_options():
+    result = xlaunch_check("--json", "--num_processes", "1")  # accelerate's spelling
+    assert result.returncode == 0, result.stderr
+    verdict = json.loads(result.stdout)
+    assert verdict["plan"]["world_size"] == 1 and verdict["plan"]["path"] == "inline"
+
+
+def test_a_forced_accelerator_without_its_hardware_fails_saying_so():
+    result = xlaunch_check(accelerator="cuda")
+    assert result.returncode == 1
+    assert "FAIL plan" in result.stdout.replace("  ", " ")
+    assert "xlaunch check: FAILED at step plan" in result.stdout
+    assert "no GPU is visible" in result.stdout
+    verdict = json.loads(xlaunch_check("--json", accelerator="cuda").stdout)
+    assert verdict["ok"] is False and verdict["failed_step"] == "plan"
+    assert all(step["ok"] is None for step in verdict["steps"][1:])
+
+
+def test_a_step_that_fails_in_the_workers_is_named_with_the_error(monkeypatch):
+    """Workers told to expect 3 ranks while 2 run: the ranks step fails in each, by name."""
+    monkeypatch.setenv("XLAUNCH_ACCELERATOR", "cpu")
+    plan = make_plan(detect(), LaunchOptions(num_processes=2, timeout=200.0, report=False))
+    steps = {name: check.Step(name) for name in ALL_STEPS}
+    verdict: dict[str, object] = {"error": None}
+    check._launch(plan, steps, verdict, CheckConfig(world_size=3))
+    assert steps["ranks"].ok is False
+    assert "sees rank" in steps["ranks"].detail and "planned 3 ranks" in steps["ranks"].detail
+    assert all(steps[name].ok is None for name in STEPS[1:])
+    assert "CheckFailed: ranks:" in str(verdict["error"])
+
+
+@pytest.mark.parametrize("rows", [0, 1])
+def test_training_step_counts_torch_compile_graphs(rows, monkeypatch):
+    """One process, in place: the steady loop compiles in warm-up only; dynamo's counters say so."""
+    from xlaunch.cli.check_steps import run_checks
+
+    monkeypatch.setenv("XLAUNCH_ACCELERATOR", "cpu")
+    result = run_checks(CheckConfig(world_size=1, grow_batch=rows))
+    training = result["training"]
+    assert training["compiler"] == "torch.compile" and training["warmup_compiles"] >= 1
+    assert training["steady_compiles"] == 0  # dynamo marks the growing dimension dynamic
