@@ -124,3 +124,14 @@ def test_the_cpu_path_with_torch_tpu_installed_spawns_a_cell_function(monkeypatc
 
     assert xlaunch.notebook_launcher(cell_function, num_processes=2, start_method="spawn") == (
         2, True, 0)
+
+
+def test_xlaunch_check_judges_torch_tpu_compilations_from_its_cache(v4) -> None:
+    # What `xlaunch check` runs in each rank, on the TorchTPU path: ranks, all-reduce and barrier
+    # hold; the training step counts compilations from TorchTPU's cache, where (no TPU runtime
+    # runs here) it finds none, and says so by name instead of passing.
+    from xlaunch.cli.check_steps import CheckConfig, run_checks
+
+    with pytest.raises(xlaunch.LaunchError) as failed:
+        v4(run_checks, (CheckConfig(world_size=2),))
+    assert "CheckFailed: training: TorchTPU counted no compilation" in str(failed.value)

@@ -146,13 +146,22 @@ def _train(config: CheckConfig, state: Any, reduce: Callable[[Any], Any]) -> dic
 def _compiler(state: Any, model: Any) -> tuple[Any, Callable[[], int], str]:
     """The model as the path compiles it, and the counter of its compilations.
 
-    XLA compiles every step's graph itself (counted by torch_xla's metrics, as the report reads
-    them); elsewhere the model goes through torch.compile (dynamo only, no code generation).
+    XLA and TorchTPU compile every step's graph themselves (counted by torch_xla's metrics and
+    TorchTPU's compilation cache, as the report reads them); elsewhere the model goes through
+    torch.compile (dynamo only, no code generation).
     """
     if state.backend == "xla":
         import torch_xla.debug.metrics as met
 
         return model, lambda: int(met.counter_value("UncachedCompile") or 0), "XLA"
+    if state.backend == "tpu_dist":
+        from xlaunch._compat import tpu_cache_stats
+
+        def tpu_compiles() -> int:
+            stats = tpu_cache_stats()
+            return stats.compiles if stats is not None else 0
+
+        return model, tpu_compiles, "TorchTPU"
     import torch
 
     from xlaunch._compat import dynamo_counts
