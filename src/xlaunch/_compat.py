@@ -13,11 +13,12 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 _warned: set[str] = set()
 
@@ -166,6 +167,57 @@ def engine_loggers_quiet() -> Iterator[None]:
     finally:
         for logger, disabled in saved:
             logger.disabled = disabled
+
+
+# torch 2.4-2.13, torch/distributed/elastic/multiprocessing/api.py: ``_wrap`` calls the entrypoint,
+# puts its return value on ``ret_vals[local_rank]`` (a SimpleQueue, local ``ret_val_``) and then
+# waits on ``queue_finished_reading_event`` until every worker has returned: a finished worker's
+# process, and its sockets, stay alive meanwhile, so a peer waiting on it in a collective never
+# sees it go. The caller reads each queue whatever state the worker's process is in.
+
+
+def elastic_return_queue() -> Any:
+    """The queue torch elastic's ``_wrap`` puts this worker's return value on; None if not found."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_wrap" and code.co_filename.replace(os.sep, "/").endswith(
+                "elastic/multiprocessing/api.py"):
+            queue = frame.f_locals.get("ret_val_")
+            if queue is not None and hasattr(queue, "put"):
+                return queue
+            break
+        frame = frame.f_back  # type: ignore[assignment]
+    _loud("elastic-wrap", "torch elastic's worker wrapper (_wrap, ret_val_) is not where it was; "
+          "a worker that finishes now stays alive until its peers finish, so a peer waiting on "
+          "it in a collective waits until the process group's timeout")
+    return None
+
+
+# CPython 3.10-3.13, Lib/multiprocessing/process.py: a process started by multiprocessing ends
+# through BaseProcess._bootstrap, which joins non-daemon threads (threading._shutdown) and runs
+# multiprocessing.util._exit_function (finalizers, daemonic children) before os._exit.
+
+
+def end_like_a_process(code: int) -> NoReturn:
+    """End this worker process at once, doing what a multiprocessing process does at its end."""
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon and thread.is_alive():
+            thread.join()
+    import multiprocessing.util as mp_util
+
+    finish = getattr(mp_util, "_exit_function", None)
+    if finish is None:
+        _loud("mp-exit", "multiprocessing.util._exit_function is gone; a worker that finishes "
+              "early no longer runs multiprocessing's finalizers")
+    else:
+        with contextlib.suppress(Exception):
+            finish()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 # --- CPython: an exception raised in another thread ---------------------------------------------

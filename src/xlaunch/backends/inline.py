@@ -42,7 +42,7 @@ def launch(plan: LaunchPlan, spec: InlineSpec, function: Callable[..., Any],
         with overlay({MIXED_PRECISION_VAR: plan.mixed_precision, RESTART_VAR: "0"}), \
                 _deadline(plan.timeout, stack):
             result = function(*args)
-        rank_exit = RankExit(rank=0, pid=pid, exitcode=0)
+        rank_exit = RankExit(rank=0, pid=pid, exitcode=0, returned=True)
         ended["result"] = to_cpu(result)
     except _Expired:
         rank_exit = RankExit(rank=0, pid=pid, signals_sent=frozenset({signal.SIGALRM}),

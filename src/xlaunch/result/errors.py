@@ -29,9 +29,10 @@ LOST_PEER = "lost-peer"  # its error says a peer went away: a consequence, never
 STOPPED = "stopped"  # the launcher or its engine ended it after another rank failed
 TIMED_OUT = "timed-out"  # stopped at the launch's timeout; its stack says where it stood
 LEADER = "leader"  # the launch failed before any worker ran (the XLA launch leader)
-OWN_CAUSES = (RAISED, DIED, LEADER)  # failures in their own right; the first is the root cause
+FINISHED_EARLY = "finished-early"  # its function returned while peers still waited on it
+OWN_CAUSES = (RAISED, DIED, LEADER, FINISHED_EARLY)  # failures in their own right; the first is the root cause
 LABELS = {
-    RAISED: "failed", DIED: "failed", LEADER: "failed",
+    RAISED: "failed", DIED: "failed", LEADER: "failed", FINISHED_EARLY: "failed",
     LOST_PEER: "secondary: lost a peer", STOPPED: "secondary: stopped by the launcher",
     TIMED_OUT: "stopped at the timeout",
 }
@@ -76,6 +77,8 @@ class ProcessFailure:
         return f"{where}: {self.what()}" if self.what() else where
 
     def what(self) -> str:
+        if self.cause == FINISHED_EARLY:
+            return "finished early: its function returned while its peers still waited on it"
         if self.exc_type:
             return f"{self.exc_type}: {self.message}".rstrip().rstrip(":")
         if self.exitcode is None:
@@ -161,10 +164,10 @@ def format_failures(failures: Sequence[ProcessFailure], summary: str) -> str:
 
 def _details(failure: ProcessFailure) -> list[str]:
     lines = []
+    if failure.message and not failure.exc_type:
+        lines.append(f"  {failure.message}")
     if failure.traceback and not failure.secondary:
         lines.append(failure.traceback.rstrip())
-    elif failure.message and not failure.exc_type:
-        lines.append(f"  {failure.message}")
     if failure.stack:
         lines.append(f"Python stack of rank {failure.rank} when it was stopped "
                      "(most recent call first):")
