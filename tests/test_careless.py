@@ -8,9 +8,7 @@ the right rank blamed and nothing left broken. Tests never assert a duration.
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 
 import pytest
 

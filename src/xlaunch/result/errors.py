@@ -30,7 +30,8 @@ STOPPED = "stopped"  # the launcher or its engine ended it after another rank fa
 TIMED_OUT = "timed-out"  # stopped at the launch's timeout; its stack says where it stood
 LEADER = "leader"  # the launch failed before any worker ran (the XLA launch leader)
 FINISHED_EARLY = "finished-early"  # its function returned while peers still waited on it
-OWN_CAUSES = (RAISED, DIED, LEADER, FINISHED_EARLY)  # failures in their own right; the first is the root cause
+# Failures in their own right; the first is the root cause.
+OWN_CAUSES = (RAISED, DIED, LEADER, FINISHED_EARLY)
 LABELS = {
     RAISED: "failed", DIED: "failed", LEADER: "failed", FINISHED_EARLY: "failed",
     LOST_PEER: "secondary: lost a peer", STOPPED: "secondary: stopped by the launcher",
