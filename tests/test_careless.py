@@ -8,7 +8,9 @@ the right rank blamed and nothing left broken. Tests never assert a duration.
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 
 import pytest
 
@@ -60,3 +62,137 @@ def reduce_then_return():
 def test_ranks_that_all_finish_normally_are_unaffected():
     for _ in range(8):  # the last collective, then every rank leaves as soon as it can
         assert notebook_launcher(reduce_then_return, num_processes=2) == 2.0
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("__str__ itself is broken")
+
+
+def rank_one_misbehaves(how):
+    if ProcessState().process_index == 1:
+        if how == "interrupt":
+            raise KeyboardInterrupt
+        if how == "os-exit":
+            os._exit(0)
+        if how == "unprintable":
+            raise Unprintable()
+    xlaunch.wait_for_everyone()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("how", "shown"), [
+    ("interrupt", "raised KeyboardInterrupt"),
+    ("os-exit", "os._exit(0)"),
+    ("unprintable", "raised Unprintable"),
+])
+def test_the_rank_that_misbehaved_is_the_root_cause(how, shown):
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(rank_one_misbehaves, args=(how,), num_processes=2, timeout=90)
+    error = caught.value
+    assert not isinstance(error, LaunchTimeout), str(error)
+    assert error.root_cause is not None and error.root_cause.rank == 1, str(error)
+    assert shown in str(error)
+    assert "left no record here" not in str(error)
+
+
+def fail_first_then_hang():
+    if ProcessState().restart_count == 0:
+        if ProcessState().process_index == 1:
+            raise ValueError("first attempt fails")
+        xlaunch.wait_for_everyone()
+    time.sleep(100)
+
+
+@pytest.mark.timeout(120)
+def test_a_timeout_after_a_restart_lists_the_ranks_that_were_running():
+    with pytest.raises(LaunchTimeout) as caught:
+        notebook_launcher(fail_first_then_hang, num_processes=2, max_restarts=2, timeout=20)
+    error = caught.value
+    text = str(error)
+    assert "no worker had started" not in text, text
+    assert sorted(f.rank for f in error.failures) == [0, 1], text
+    assert all(f.cause == "timed-out" and "fail_first_then_hang" in f.stack
+               for f in error.failures), text
+    assert "exit code 75" not in text
+    assert "attempt 1 (restarted) failed first with rank 1" in text
+
+
+class Model:
+    """Stands in for an nn.Module a notebook passes to the launched function."""
+
+    def __init__(self) -> None:
+        self.weights = [1.0, 2.0]
+        self.device = "cpu"
+
+    def train(self) -> None:
+        self.device = "replica"
+
+
+def test_replicas_that_share_a_process_each_get_their_own_copy_of_the_arguments():
+    import threading
+
+    from xlaunch.backends.xla.replica import Job, replica_inputs
+    from xlaunch.worker.rank import WorkerSetup
+
+    model = Model()
+    shared = Job(model.train, (model, {"lr": 0.1}), WorkerSetup("unused"), replicas_per_process=2)
+    seen: list = []
+    threads = [threading.Thread(target=lambda: seen.append(replica_inputs(shared)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    (first_fn, first_args), (second_fn, second_args) = seen
+    assert first_args[0] is not second_args[0] and model not in (first_args[0], second_args[0])
+    assert first_args[0].weights == model.weights and first_args[1] == {"lr": 0.1}
+    assert first_fn.__self__ is not model and first_fn.__self__ is not second_fn.__self__
+    first_fn()  # one replica moving its model leaves the other's, and the notebook's, alone
+    assert first_fn.__self__.device == "replica" and model.device == "cpu"
+    assert second_fn.__self__.device == "cpu"
+
+    alone = Job(model.train, (model,), WorkerSetup("unused"))  # one replica per process
+    function, args = replica_inputs(alone)
+    assert args[0] is model and function == model.train
+
+
+class Payload:
+    """An argument the notebook passes (a 200 MB dataset, say): it must not outlive the launch."""
+
+
+class Task:
+    """A callable the launch is given; its result is a fresh object the caller may drop."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+
+    def __call__(self, payload: Payload) -> Payload:
+        if self.fail:
+            raise ValueError("this launch fails")
+        return Payload()
+
+
+def launch_and_drop(num_processes: int, fail: bool) -> list:
+    import gc
+    import weakref
+
+    task, payload = Task(fail), Payload()
+    refs = [weakref.ref(task), weakref.ref(payload)]
+    try:
+        result = notebook_launcher(task, args=(payload,), num_processes=num_processes)
+        refs.append(weakref.ref(result))
+        del result
+    except LaunchError:
+        pass  # the error itself (and its traceback) is dropped at the end of this block
+    del task, payload
+    gc.collect()
+    return [ref for ref in refs if ref() is not None]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_processes", [1, 2])
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_launch_keeps_no_reference_to_the_function_its_arguments_or_its_result(
+        num_processes, fail):
+    assert launch_and_drop(num_processes, fail) == []

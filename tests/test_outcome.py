@@ -40,6 +40,8 @@ ENDS = {
     "stopped": lambda r, when: RankExit(r, 100 + r, -TERM, signals_sent=frozenset({TERM})),
     "stopped-hard": lambda r, when: RankExit(r, 100 + r, -KILL, signals_sent=frozenset({TERM, KILL})),
     "cancelled": lambda r, when: RankExit(r, 100 + r, CANCELLED_EXIT),
+    # Its own SIGTERM handler saved a checkpoint and exited 0 when the launcher stopped it.
+    "handled-term": lambda r, when: RankExit(r, 100 + r, 0, signals_sent=frozenset({TERM})),
     "finished": lambda r, when: RankExit(r, 100 + r, 0, returned=True),
     "exited-0-early": lambda r, when: RankExit(r, 100 + r, 0),  # os._exit(0) in the function
     "returned-then-killed": lambda r, when: RankExit(r, 100 + r, -KILL, returned=True,
@@ -48,7 +50,7 @@ ENDS = {
 DONE = {"finished", "returned-then-killed"}  # the function returned: no failure, whatever came after
 DIED = {"killed-itself", "segfault-after-term", "exit-3", "exited-0-early"}
 RAISED = {"raised", "raised-other"}
-SECONDARY = {"lost-peer", "stopped", "stopped-hard", "cancelled"}
+SECONDARY = {"lost-peer", "stopped", "stopped-hard", "cancelled", "handled-term"}
 
 
 def finished_early(kinds):
@@ -216,3 +218,22 @@ def test_an_exit_with_status_zero_before_the_function_returned_is_a_failure():
     error = judge(Outcome("xla", 1, (RankExit(0, 100, 0),)))
     assert error is not None and error.root_cause.rank == 0
     assert "os._exit(0)" in str(error)
+
+
+def test_a_timeout_after_restarts_judges_the_attempt_that_ran_not_the_one_that_found_it_stopped():
+    ran = (RankExit(0, 7, -KILL, signals_sent=frozenset({KILL}), stack='  File "t.py", line 4'),
+           RankExit(1, 8, -KILL, signals_sent=frozenset({KILL}), stack='  File "t.py", line 9'))
+    too_late = (RankExit(0, 9, CANCELLED_EXIT), RankExit(1, 10, CANCELLED_EXIT))
+    first = (ENDS["raised"](1, 1), ENDS["lost-peer"](0, 2))
+    error = judge(Outcome("elastic", 2, too_late, timed_out=True, timeout=3,
+                          earlier_attempts=(first, ran)))
+    text = str(error)
+    assert "no worker had started" not in text and "exit code 75" not in text
+    assert [f.cause for f in error.failures] == ["timed-out", "timed-out"] and "line 9" in text
+    assert len(error.earlier_attempts) == 1
+
+
+def test_the_exit_status_a_rank_recorded_is_the_launchs():
+    meant = dataclasses.replace(record(0, 1, "SystemExit", "21"), exitcode=21)
+    error = judge(Outcome("xla", 1, (RankExit(0, 100, -KILL, meant, frozenset({KILL})),)))
+    assert error.exitcode == 21

@@ -54,11 +54,28 @@ class Child:
 
     def send(self, number: int) -> None:
         """Signal this process, noting it first: a death by a signal we sent is not its own."""
-        if self.exitcode is not None:
+        if self.exitcode is not None or has_ended(self.pid):
             return
         self.signals_sent.add(number)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(self.pid, number)  # type: ignore[arg-type]
+
+
+def has_ended(pid: int | None) -> bool:
+    """Whether a child process has already ended, reaped or not, without reaping it.
+
+    ``Process.exitcode`` says None while another thread is reaping the same process (the pool's
+    own management thread does), so a signal sent then would be noted against a process that had
+    already ended on its own.
+    """
+    if pid is None:
+        return False
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
+    except OSError:
+        return False
 
 
 def kill_and_reap(children: list[Child], within: float) -> None:
@@ -84,7 +101,8 @@ class _RecordingSet(set):  # type: ignore[type-arg]
             original = getattr(process, name)
 
             def noted(original: Any = original, number: int = number) -> None:
-                if child.exitcode is None:  # a signal to a process already gone changes nothing
+                # A signal to a process already gone changes nothing.
+                if child.exitcode is None and not has_ended(child.pid):
                     child.signals_sent.add(number)
                 original()
 

@@ -96,7 +96,7 @@ class ProcessFailure:
         for _ in range(skip_frames):
             tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb
         return cls(rank=rank, pid=os.getpid(), exitcode=exitcode, exc_type=type(error).__qualname__,
-                   message=str(error), timestamp_ns=time.time_ns(),
+                   message=exception_text(error), timestamp_ns=time.time_ns(),
                    traceback="".join(traceback.format_exception(type(error), error, tb)))
 
     def to_json(self) -> str:
@@ -109,6 +109,18 @@ class ProcessFailure:
         known = {f.name for f in dataclasses.fields(cls)}
         record = cls(**{key: value for key, value in data.items() if key in known})
         return dataclasses.replace(record, error_file=error_file) if error_file else record
+
+
+def exception_text(error: BaseException) -> str:
+    """``str(error)``, or what went wrong with it: a broken ``__str__`` must not hide the error."""
+    try:
+        return str(error)
+    except Exception as broken:  # noqa: BLE001 - the user's __str__ may raise anything
+        try:
+            why = f"{type(broken).__qualname__}: {broken}"
+        except Exception:  # noqa: BLE001
+            why = type(broken).__qualname__
+        return f"<its __str__ raised {why}>"
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:

@@ -22,6 +22,7 @@ The root cause is decided from those facts alone, never from when a thread happe
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,8 +91,8 @@ def classify(rank_exit: RankExit, timed_out: bool) -> str | None:
         return STOPPED
     if code is None:  # never seen ending: it was still running when the launch stopped it
         return TIMED_OUT if timed_out else (STOPPED if rank_exit.signals_sent else None)
-    if code == 0 and not rank_exit.signals_sent:
-        return DIED  # it ended the process before its function returned: os._exit(0)
+    if code == 0 and signal.SIGTERM not in rank_exit.signals_sent:
+        return DIED  # it ended its process before its function returned: os._exit(0)
     if rank_exit.signals_sent and not (code < 0 and -code not in rank_exit.signals_sent):
         return TIMED_OUT if timed_out else STOPPED
     return DIED
@@ -142,9 +143,12 @@ def _failure(rank_exit: RankExit, cause: str) -> ProcessFailure:
                    if rank_exit.exitcode == 0 else
                    "ended without raising a Python exception in the function: os._exit(), or "
                    "an error before the function started (its stderr says which)")
+    # The status a rank meant to exit with is in its own record (``sys.exit(21)``); a process
+    # that several replicas share, or that the pool ended afterwards, exits otherwise.
+    exitcode = rank_exit.exitcode if rank_exit.record is None else base.exitcode
     return dataclasses.replace(
         base, rank=rank_exit.rank, pid=rank_exit.pid or base.pid,
-        exitcode=rank_exit.exitcode if rank_exit.exitcode is not None else base.exitcode,
+        exitcode=exitcode if exitcode is not None else rank_exit.exitcode,
         message=message, stack=rank_exit.stack, stderr_tail=rank_exit.stderr_tail, cause=cause)
 
 
@@ -167,13 +171,16 @@ def _finished_early(rank_exit: RankExit, waiting: Sequence[ProcessFailure]) -> P
 
 def judge(outcome: Outcome, report: LaunchReport | None = None) -> LaunchError | None:
     """The error this outcome amounts to (carrying ``report``), or None when the launch succeeded."""
-    earlier = [failures_of(attempt, False, outcome.world_size)
-               for attempt in outcome.earlier_attempts]
+    attempts = [*outcome.earlier_attempts, outcome.exits]
+    while len(attempts) > 1 and _never_ran(attempts[-1]):
+        attempts.pop()  # started after the launch was stopped: they found it cancelled and left
+    exits = attempts[-1]
+    earlier = [failures_of(attempt, False, outcome.world_size) for attempt in attempts[:-1]]
     if outcome.leader_failure is not None:
         leader = dataclasses.replace(outcome.leader_failure, cause=LEADER)
         return LaunchError(f"the {outcome.path} launch failed before any worker ran",
                            [leader], earlier_attempts=earlier, report=report)
-    failures = failures_of(outcome.exits, outcome.timed_out, outcome.world_size)
+    failures = failures_of(exits, outcome.timed_out, outcome.world_size)
     if outcome.timed_out:
         return LaunchTimeout(_timeout_summary(outcome, failures), failures,
                              earlier_attempts=earlier, report=report)
@@ -181,6 +188,11 @@ def judge(outcome: Outcome, report: LaunchReport | None = None) -> LaunchError |
         return None
     return LaunchError(_summary(outcome, failures), failures, earlier_attempts=earlier,
                        report=report)
+
+
+def _never_ran(exits: Sequence[RankExit]) -> bool:
+    """An attempt whose every worker found the launch already stopped, and ran nothing."""
+    return bool(exits) and all(e.exitcode == CANCELLED_EXIT and e.record is None for e in exits)
 
 
 def _summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:

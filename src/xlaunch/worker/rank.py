@@ -80,9 +80,17 @@ class Worker:
 
     def record_failure(self, error: BaseException, exitcode: int = 1, skip_frames: int = 0) -> None:
         """Write what went wrong, before anything else can go wrong."""
-        failure = ProcessFailure.from_exception(error, rank=self.rank, exitcode=exitcode,
-                                                skip_frames=skip_frames)
-        hint = hint_for(error)
+        try:
+            failure = ProcessFailure.from_exception(error, rank=self.rank, exitcode=exitcode,
+                                                    skip_frames=skip_frames)
+        except Exception as broken:  # noqa: BLE001 - the record must be written whatever happens
+            failure = ProcessFailure(rank=self.rank, pid=os.getpid(), exitcode=exitcode,
+                                     exc_type=type(error).__qualname__, timestamp_ns=time.time_ns(),
+                                     message=f"(it could not be described: {type(broken).__name__})")
+        try:
+            hint = hint_for(error)
+        except Exception:  # noqa: BLE001
+            hint = None
         if hint is not None:
             failure = dataclasses.replace(failure, message=f"{failure.message}. {hint}",
                                           traceback=f"{failure.traceback}hint: {hint}\n")
@@ -110,9 +118,7 @@ class Worker:
             code = stop.code if isinstance(stop.code, int) else 1
             self.record_failure(stop, exitcode=code, skip_frames=1)
             raise
-        except KeyboardInterrupt:
-            raise
-        except BaseException as error:
+        except BaseException as error:  # KeyboardInterrupt too: torch's wrapper makes it exit 0
             self.record_failure(error, skip_frames=1)  # this frame is ours, not the user's
             raise SystemExit(1) from None
         finally:

@@ -16,6 +16,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from xlaunch import _compat
@@ -44,6 +45,7 @@ class EngineRun:
         self.results: dict[int, Any] | None = None
         self.engine_error: BaseException | None = None
         self.stacks: dict[int, str] = {}
+        self.stacks_from: Path | None = None  # the attempt whose workers the stacks are of
         self.tree: ProcessTree | None = None
         self._gate = threading.Lock()
         self._cancelled = False
@@ -82,6 +84,7 @@ class EngineRun:
         attempt = self.launch_dir.latest_attempt()
         if attempt is not None:
             self.stacks = dump_stacks(attempt, worker_pids(attempt))
+            self.stacks_from = attempt
         self._kill_all()
 
     def stop(self) -> bool:
@@ -105,9 +108,13 @@ class EngineRun:
 
     def attempts(self, timed_out: bool) -> list[tuple[Any, ...]]:
         children = [ChildExit(c.pid, c.exitcode, frozenset(c.signals_sent)) for c in self.children]
-        folders = [AttemptFiles.read(folder) for folder in self.launch_dir.attempts()]
-        if timed_out and folders:
-            folders[-1] = dataclasses.replace(folders[-1], stacks=self.stacks)
+        paths = self.launch_dir.attempts()
+        folders = [AttemptFiles.read(folder) for folder in paths]
+        if timed_out and self.stacks_from in paths:
+            # The engine may have restarted the workers after the stop (they found the launch
+            # cancelled and left): the stacks belong to the attempt they were taken from.
+            index = paths.index(self.stacks_from)
+            folders[index] = dataclasses.replace(folders[index], stacks=self.stacks)
         offset = self.spec.node_rank * self.plan.num_processes
         return elastic_exits(children, folders, self.plan.num_processes, offset)
 

@@ -88,8 +88,13 @@ def _spawn(job: replica.Job) -> None:
     import torch_xla.distributed.xla_multiprocessing as xmp
 
     replica.FORKED_JOB = job
-    flush_output()  # buffered text would be written twice
-    xmp.spawn(replica.replica, nprocs=None, start_method="fork")
+    try:
+        flush_output()  # buffered text would be written twice
+        xmp.spawn(replica.replica, nprocs=None, start_method="fork")
+    finally:
+        # The replicas were forked with it; here it would keep the function, its arguments (a
+        # 200 MB dataset stayed in the notebook's memory) until the next launch.
+        replica.FORKED_JOB = None
 
 
 def import_torch_xla() -> None:
