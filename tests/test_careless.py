@@ -196,3 +196,163 @@ def launch_and_drop(num_processes: int, fail: bool) -> list:
 def test_a_launch_keeps_no_reference_to_the_function_its_arguments_or_its_result(
         num_processes, fail):
     assert launch_and_drop(num_processes, fail) == []
+
+
+def ignore_term_on_rank_zero_while_rank_one_fails():
+    import signal
+
+    if ProcessState().process_index == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(100)
+    raise ValueError("rank one fails")
+
+
+@pytest.mark.timeout(25)  # torch elastic alone waits 30 s before it SIGKILLs a worker
+def test_a_worker_that_ignores_sigterm_ends_within_the_stop_grace():
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(ignore_term_on_rank_zero_while_rank_one_fails, num_processes=2,
+                          stop_grace=1)
+    error = caught.value
+    assert error.root_cause.rank == 1 and error.root_cause.exc_type == "ValueError"
+    stopped = next(f for f in error.failures if f.rank == 0)
+    assert stopped.secondary and stopped.exitcode == -9, str(error)
+
+
+def save_on_stop(folder, how):
+    import signal
+
+    rank = ProcessState().process_index
+
+    def save(*_):
+        with open(os.path.join(folder, f"saved-{rank}"), "w") as saved:
+            saved.write("checkpoint")
+        if how == "handler":
+            sys.exit(0)
+
+    if how == "handler":
+        signal.signal(signal.SIGTERM, save)
+    else:
+        xlaunch.on_stop(save)
+    if how == "peer-fails" and rank == 1:
+        raise ValueError("rank one fails")
+    time.sleep(100)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["on_stop", "handler"])
+def test_a_timeout_lets_each_worker_save_its_checkpoint(tmp_path, how):
+    with pytest.raises(LaunchTimeout):
+        # long enough for the workers to start on a loaded machine and register their clean-up
+        notebook_launcher(save_on_stop, args=(str(tmp_path), how), num_processes=2, timeout=15)
+    assert sorted(p.name for p in tmp_path.glob("saved-*")) == ["saved-0", "saved-1"]
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_peer_lets_the_others_save_their_checkpoint(tmp_path):
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(save_on_stop, args=(str(tmp_path), "peer-fails"), num_processes=2)
+    assert caught.value.root_cause.rank == 1
+    assert (tmp_path / "saved-0").read_text() == "checkpoint"
+
+
+def test_on_stop_in_one_process_runs_at_the_timeout(tmp_path):
+    with pytest.raises(LaunchTimeout):
+        notebook_launcher(save_on_stop, args=(str(tmp_path), "on_stop"), num_processes=1,
+                          timeout=2)
+    assert (tmp_path / "saved-0").exists()
+
+
+def world_size():
+    return ProcessState().num_processes
+
+
+@pytest.mark.timeout(240)
+def test_two_launches_from_two_threads_both_work_or_the_second_is_refused_at_once():
+    import tempfile
+    import threading
+
+    temp = tempfile.gettempdir()
+    for _ in range(4):
+        outcomes: list = []
+
+        def launch(outcomes=outcomes):
+            try:
+                outcomes.append(notebook_launcher(world_size, num_processes=2, timeout=60))
+            except RuntimeError as error:
+                outcomes.append(error)
+
+        threads = [threading.Thread(target=launch) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert tempfile.tempdir in (None, temp) and tempfile.gettempdir() == temp
+        assert 2 in outcomes, outcomes  # at least one launch worked
+        for outcome in outcomes:
+            assert outcome == 2 or (not isinstance(outcome, LaunchError)
+                                    and "another launch is already running" in str(outcome)), outcome
+        os.rmdir(tempfile.mkdtemp())  # the process's own temporary files still work
+    assert notebook_launcher(world_size, num_processes=2) == 2
+
+
+def run_script(tmp_path, body):
+    import subprocess
+    import textwrap
+
+    script = tmp_path / "careless.py"
+    script.write_text(textwrap.dedent(body))
+    env = {**os.environ, "XLAUNCH_ACCELERATOR": "cpu"}
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=200, env=env)
+
+
+@pytest.mark.timeout(240)
+def test_worker_output_is_a_full_text_stream(tmp_path):
+    done = run_script(tmp_path, """
+        import sys, xlaunch
+        def write():
+            out = sys.stdout
+            out.buffer.write("binary \\u00e9".encode() + b"\\n")
+            out.reconfigure(line_buffering=True)
+            print("name", out.name, "tty", out.isatty(), "lines", out.line_buffering,
+                  "errors", out.errors, "encoding", out.encoding, "writable", out.writable())
+            sys.stderr.buffer.write(b"to stderr\\n")
+            sys.stderr.buffer.flush()
+        xlaunch.notebook_launcher(write, num_processes=2)
+    """)
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        assert f"[rank {rank}] binary \u00e9\n" in done.stdout
+        assert f"[rank {rank}] name <stdout> tty False lines True errors " in done.stdout
+        assert f"[rank {rank}] to stderr\n" in done.stderr
+
+
+@pytest.mark.timeout(240)
+def test_long_lines_from_two_ranks_are_never_split(tmp_path):
+    done = run_script(tmp_path, """
+        import xlaunch
+        def write():
+            letter = "ab"[xlaunch.ProcessState().process_index]
+            for _ in range(300):
+                print(letter * 65536)
+        xlaunch.notebook_launcher(write, num_processes=2)
+    """)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("[rank")]
+    assert len(lines) == 600
+    whole = {"[rank 0] " + "a" * 65536, "[rank 1] " + "b" * 65536}
+    broken = [line[:40] + "..." for line in lines if line not in whole]
+    assert not broken, f"{len(broken)} lines split or interleaved"
+
+
+def test_the_docs_say_what_escapes_the_clean_up_and_how_to_clean_up_at_a_stop():
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    trouble = (docs / "troubleshooting.md").read_text()
+    for words in ("start_new_session=True", "process_group=0", "stop_grace", "xlaunch.on_stop",
+                  "SIGKILL"):
+        assert words in trouble, words
+    assert "on_stop" in (docs / "api" / "state.md").read_text()
+    assert "stop_grace" in (docs / "api" / "launch.md").read_text()
+    assert "deep copy" in (docs / "api" / "launch.md").read_text()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import logging
 import os
 import signal
@@ -236,6 +237,36 @@ def end_like_a_process(code: int) -> NoReturn:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
+
+
+# torch 2.4-2.13, torch/multiprocessing/spawn.py: when a worker fails, ProcessContext.join sends
+# the others SIGTERM, waits ``_join_procs_with_timeout(30 if grace_period is None else ...)`` and
+# only then SIGKILLs (process.kill()); torch elastic's MultiprocessContext calls join(-1) with no
+# grace period, so a worker that ignores SIGTERM held every failed launch for 30 s.
+
+
+@contextlib.contextmanager
+def engine_join_grace(grace: float) -> Iterator[None]:
+    """While the block runs, the engine's join waits at most ``grace`` s between SIGTERM and SIGKILL."""
+    torch_spawn: Any = None
+    with contextlib.suppress(ImportError):  # the module: the package's ``spawn`` is a function
+        torch_spawn = importlib.import_module("torch.multiprocessing.spawn")
+    context: Any = getattr(torch_spawn, "ProcessContext", None)
+    original = getattr(context, "_join_procs_with_timeout", None)
+    if original is None:
+        _loud("join-grace", "torch.multiprocessing's ProcessContext._join_procs_with_timeout is "
+              "gone; after a failure the engine may wait its own 30 s before SIGKILL")
+        yield
+        return
+
+    def bounded(self: Any, timeout: float) -> None:
+        original(self, min(timeout, grace))
+
+    context._join_procs_with_timeout = bounded
+    try:
+        yield
+    finally:
+        context._join_procs_with_timeout = original
 
 
 # --- CPython: an exception raised in another thread ---------------------------------------------

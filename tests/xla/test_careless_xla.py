@@ -108,3 +108,25 @@ def test_a_launch_keeps_no_reference_to_its_arguments(num_processes: int | None,
     del payload
     gc.collect()
     assert ref() is None
+
+
+def save_on_stop(folder: str) -> None:
+    import time
+
+    def save() -> None:
+        Path(folder, f"saved-{os.getpid()}").write_text("checkpoint")
+
+    xlaunch.on_stop(save)  # a replica is a thread: signal.signal would raise here
+    Path(folder, "registered").write_text("")
+    time.sleep(100)
+
+
+@pytest.mark.parametrize("num_processes", [None, 1])  # the pool from the caller; the leader
+def test_a_replica_saves_its_checkpoint_at_the_timeout(tmp_path: Path,
+                                                       num_processes: int | None) -> None:
+    with pytest.raises(xlaunch.LaunchTimeout) as caught:
+        xlaunch.notebook_launcher(save_on_stop, (str(tmp_path),), num_processes=num_processes,
+                                  timeout=20, report=False)
+    assert (tmp_path / "registered").exists(), str(caught.value)
+    assert [p.read_text() for p in tmp_path.glob("saved-*")] == ["checkpoint"], str(caught.value)
+    assert [f.cause for f in caught.value.failures] == ["timed-out"]

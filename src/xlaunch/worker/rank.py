@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from xlaunch.names import CANCELLED_EXIT, RESTART_VAR
 from xlaunch.result.errors import ProcessFailure
-from xlaunch.worker import process_tree
+from xlaunch.worker import process_tree, stopping
 from xlaunch.worker.hints import hint_for
 from xlaunch.worker.launch_dir import STACK_SIGNAL, LaunchDir, note_returned, record_failure, write_pid
 from xlaunch.worker.measure import write_rank_report
@@ -69,14 +69,16 @@ class Worker:
         if setup.line_prefix is not None and (world_size > 1 or setup.prefix_single):
             prefix = string.Template(setup.line_prefix).safe_substitute(
                 rank=rank, local_rank=local_rank, role_name="default")
-            sys.stdout = PrefixedStream(sys.stdout, prefix)
-            sys.stderr = PrefixedStream(sys.stderr, prefix)
+            lock = str(launch_dir.path) + "/output.lock"  # shared by every rank of the launch
+            sys.stdout = PrefixedStream(sys.stdout, prefix, lock)
+            sys.stderr = PrefixedStream(sys.stderr, prefix, lock)
         die_with_parent()
         if threading.current_thread() is threading.main_thread():
             # The stop button or Ctrl-C must end a worker at once, even inside a C++ collective;
             # handlers the launching process had installed mean nothing here.
             for number in STOP_SIGNALS:
                 signal.signal(number, signal.SIG_DFL)
+            stopping.reset()  # callbacks come from this worker's function, not the caller's
 
     def record_failure(self, error: BaseException, exitcode: int = 1, skip_frames: int = 0) -> None:
         """Write what went wrong, before anything else can go wrong."""

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from xlaunch import _compat
 from xlaunch.backends.elastic.entry import Entry, worker_main
 from xlaunch.backends.envvars import overlay
 from xlaunch.backends.exits import AttemptFiles, ChildExit, elastic_exits
+from xlaunch.backends.supervise import stop_processes
 from xlaunch.names import MIXED_PRECISION_VAR
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
 from xlaunch.worker.launch_dir import LaunchDir, dump_stacks, worker_pids
@@ -30,7 +30,6 @@ from xlaunch.worker.process_tree import ProcessTree
 from xlaunch.worker.rank import WorkerSetup
 
 LOCAL_RDZV = "xlaunch-local"
-SHUTDOWN_GRACE_S = 3  # a worker that ignores its stop signal is killed after this
 
 
 class EngineRun:
@@ -67,6 +66,7 @@ class EngineRun:
         entry = Entry(self.function, self.args, setup, self.spec)
         try:
             with _compat.engine_loggers_quiet(), _shared_store_off(self.spec), \
+                    _compat.engine_join_grace(self.plan.stop_grace), \
                     _temp_files_in(self.launch_dir.path), _compat.recording_children() as children:
                 self.children = children
                 self.results = elastic_launch(self._config(), worker_main)(entry)
@@ -85,22 +85,19 @@ class EngineRun:
         if attempt is not None:
             self.stacks = dump_stacks(attempt, worker_pids(attempt))
             self.stacks_from = attempt
-        self._kill_all()
+        self._stop_all()
 
     def stop(self) -> bool:
         with self._gate:
             self._cancelled = True
             started = self._started
         self.launch_dir.cancel()
-        self._kill_all()
+        self._stop_all()
         # Several nodes still meeting: nothing of ours runs yet and the wait cannot be cut short.
         return started and (self.spec.loopback_only or bool(self.children))
 
-    def _kill_all(self) -> None:
-        for child in list(self.children):
-            child.send(signal.SIGKILL)
-        if self.tree is not None:
-            self.tree.kill()
+    def _stop_all(self) -> None:
+        stop_processes(self.children, self.tree, self.plan.stop_grace)
 
     def end(self) -> None:
         if self.tree is not None:
@@ -147,7 +144,7 @@ class EngineRun:
             max_restarts=spec.max_restarts, monitor_interval=spec.monitor_interval,
             start_method=spec.start_method, log_line_prefix_template=spec.log_line_prefix_template,
             logs_specs=DefaultLogsSpecs(log_dir=os.path.join(self.launch_dir.path, "logs"), tee=tee),
-            shutdown_timeout=SHUTDOWN_GRACE_S,
+            shutdown_timeout=self.plan.stop_grace,
         )
         known = {field.name for field in dataclasses.fields(LaunchConfig)}
         return LaunchConfig(**{key: value for key, value in options.items() if key in known})

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xlaunch.backends.xla.metrics import DEBUG_FILE_VAR, collect
+from xlaunch.worker import stopping
 from xlaunch.worker.launch_dir import atomic_write
 from xlaunch.worker.rank import Worker, WorkerSetup
 
@@ -35,6 +36,7 @@ class Job:
     stderr_fd: int | None = None  # the launch's stderr pipe, inherited by forked replicas
     compile_cache: str | None = None  # torch_xla's persistent cache, one folder per process
     replicas_per_process: int = 1  # 2 on v2/v3 chips: replicas that are threads of one process
+    stop_grace: float = 3.0  # a stop's SIGTERM, then SIGKILL after this many seconds
 
 
 # The job, for replicas forked from the caller: xmp.spawn's pool pickles what it is given even
@@ -72,6 +74,23 @@ def replica_inputs(job: Job) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         return job.function, job.args
     with _COPYING:  # one copy at a time: the originals are read, never written, meanwhile
         return copy.deepcopy((job.function, job.args))
+
+
+def prepare_forked_process() -> None:
+    """In each replica process, as it is forked: its stop handler, in its main thread.
+
+    Replicas are threads, where ``signal.signal`` raises; their `on_stop` callbacks run from this
+    handler. Armed only while a launch forks its pool (`ARMED`).
+    """
+    if not ARMED.is_set():
+        return
+    stopping.reset()
+    with contextlib.suppress(ValueError):
+        stopping.install_handler()
+
+
+ARMED = threading.Event()
+os.register_at_fork(after_in_child=prepare_forked_process)
 
 
 def _prepare_process(job: Job) -> None:
