@@ -7,6 +7,7 @@ order the ranks are listed in and whatever ties their clocks show.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import pickle
 import random
@@ -39,33 +40,45 @@ ENDS = {
     "stopped": lambda r, when: RankExit(r, 100 + r, -TERM, signals_sent=frozenset({TERM})),
     "stopped-hard": lambda r, when: RankExit(r, 100 + r, -KILL, signals_sent=frozenset({TERM, KILL})),
     "cancelled": lambda r, when: RankExit(r, 100 + r, CANCELLED_EXIT),
-    "finished": lambda r, when: RankExit(r, 100 + r, 0),
+    # Its own SIGTERM handler saved a checkpoint and exited 0 when the launcher stopped it.
+    "handled-term": lambda r, when: RankExit(r, 100 + r, 0, signals_sent=frozenset({TERM})),
+    "finished": lambda r, when: RankExit(r, 100 + r, 0, returned=True),
+    "exited-0-early": lambda r, when: RankExit(r, 100 + r, 0),  # os._exit(0) in the function
     "returned-then-killed": lambda r, when: RankExit(r, 100 + r, -KILL, returned=True,
                                                      signals_sent=frozenset({KILL})),
 }
 DONE = {"finished", "returned-then-killed"}  # the function returned: no failure, whatever came after
-DIED = {"killed-itself", "segfault-after-term", "exit-3"}
+DIED = {"killed-itself", "segfault-after-term", "exit-3", "exited-0-early"}
 RAISED = {"raised", "raised-other"}
-SECONDARY = {"lost-peer", "stopped", "stopped-hard", "cancelled"}
+SECONDARY = {"lost-peer", "stopped", "stopped-hard", "cancelled", "handled-term"}
+
+
+def finished_early(kinds):
+    """Ranks whose function returned while a peer lost a peer and nothing failed on its own."""
+    if "lost-peer" not in kinds or any(kind in DIED | RAISED for kind in kinds):
+        return []
+    return [r for r, kind in enumerate(kinds) if kind in DONE]
 
 
 def expected_root(kinds, whens):
-    """The rules, written out: a death nobody sent, then the earliest raise, then a lost peer."""
+    """The rules, written out: a death nobody sent, then the earliest raise, then a rank that
+    finished while its peers waited on it, then a lost peer."""
     died = [r for r, kind in enumerate(kinds) if kind in DIED]
     if died:
         return min(died)
+    early = finished_early(kinds)
     for group in (RAISED, {"lost-peer"}):
         ranks = [r for r, kind in enumerate(kinds) if kind in group]
-        if ranks:
+        if ranks and (group is RAISED or not early):
             return min(ranks, key=lambda r: (whens[r], r))
-    return None
+    return min(early) if early else None
 
 
 def check(kinds, whens, shuffle_seed=0, timed_out=False):
     exits = [ENDS[kind](rank, when) for rank, (kind, when) in enumerate(zip(kinds, whens, strict=True))]
     random.Random(shuffle_seed).shuffle(exits)  # the order ranks are listed in must not matter
     error = judge(Outcome("elastic", len(kinds), tuple(exits), timed_out=timed_out, timeout=5))
-    failed = [r for r, kind in enumerate(kinds) if kind not in DONE]
+    failed = sorted([r for r, kind in enumerate(kinds) if kind not in DONE] + finished_early(kinds))
     if timed_out:
         assert isinstance(error, LaunchTimeout)
     elif not failed:
@@ -184,3 +197,46 @@ def test_the_record_file_format_round_trips_and_tolerates_other_versions():
 def test_rank_ranges():
     assert rank_ranges([5]) == "rank 5"
     assert rank_ranges([3, 0, 1, 2, 5, 7, 6]) == "ranks 0-3, 5-7"
+
+
+def test_a_rank_that_returned_while_its_peers_waited_is_the_root_cause():
+    waited = RankExit(0, 100, 1, dataclasses.replace(
+        record(0, 5, "RuntimeError", "Connection closed by peer"),
+        traceback='  File "nb.py", line 7, in train\n    wait_for_everyone()\nRuntimeError: closed\n'))
+    error = judge(Outcome("elastic", 2, (waited, RankExit(1, 101, 0, returned=True))))
+    assert error.root_cause.rank == 1 and error.root_cause.cause == "finished-early"
+    text = str(error)
+    assert "rank 1 finished (its function returned) while its peers still waited on it" in text
+    assert "rank 0 was waiting here" in text and "wait_for_everyone()" in text
+    assert error.exitcode == 1
+
+
+def test_a_finished_rank_on_a_node_of_several_is_not_blamed_for_a_remote_peer():
+    lost = ENDS["lost-peer"](0, 5)
+    error = judge(Outcome("elastic", 4, (lost, RankExit(1, 101, 0, returned=True))))
+    assert [f.rank for f in error.failures] == [0] and error.root_cause.cause == "lost-peer"
+
+
+def test_an_exit_with_status_zero_before_the_function_returned_is_a_failure():
+    error = judge(Outcome("xla", 1, (RankExit(0, 100, 0),)))
+    assert error is not None and error.root_cause.rank == 0
+    assert "os._exit(0)" in str(error)
+
+
+def test_a_timeout_after_restarts_judges_the_attempt_that_ran_not_the_one_that_found_it_stopped():
+    ran = (RankExit(0, 7, -KILL, signals_sent=frozenset({KILL}), stack='  File "t.py", line 4'),
+           RankExit(1, 8, -KILL, signals_sent=frozenset({KILL}), stack='  File "t.py", line 9'))
+    too_late = (RankExit(0, 9, CANCELLED_EXIT), RankExit(1, 10, CANCELLED_EXIT))
+    first = (ENDS["raised"](1, 1), ENDS["lost-peer"](0, 2))
+    error = judge(Outcome("elastic", 2, too_late, timed_out=True, timeout=3,
+                          earlier_attempts=(first, ran)))
+    text = str(error)
+    assert "no worker had started" not in text and "exit code 75" not in text
+    assert [f.cause for f in error.failures] == ["timed-out", "timed-out"] and "line 9" in text
+    assert len(error.earlier_attempts) == 1
+
+
+def test_the_exit_status_a_rank_recorded_is_the_launchs():
+    meant = dataclasses.replace(record(0, 1, "SystemExit", "21"), exitcode=21)
+    error = judge(Outcome("xla", 1, (RankExit(0, 100, -KILL, meant, frozenset({KILL})),)))
+    assert error.exitcode == 21

@@ -20,6 +20,7 @@ from xlaunch.state import (  # noqa: E402
     on_local_process,
     on_main_process,
     on_process,
+    on_stop,
     wait_for_everyone,
 )
 
@@ -43,5 +44,6 @@ __all__ = [
     "on_local_process",
     "on_main_process",
     "on_process",
+    "on_stop",
     "wait_for_everyone",
 ]

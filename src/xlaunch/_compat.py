@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 _warned: set[str] = set()
 
@@ -53,11 +55,28 @@ class Child:
 
     def send(self, number: int) -> None:
         """Signal this process, noting it first: a death by a signal we sent is not its own."""
-        if self.exitcode is not None:
+        if self.exitcode is not None or has_ended(self.pid):
             return
         self.signals_sent.add(number)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(self.pid, number)  # type: ignore[arg-type]
+
+
+def has_ended(pid: int | None) -> bool:
+    """Whether a child process has already ended, reaped or not, without reaping it.
+
+    ``Process.exitcode`` says None while another thread is reaping the same process (the pool's
+    own management thread does), so a signal sent then would be noted against a process that had
+    already ended on its own.
+    """
+    if pid is None:
+        return False
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
+    except OSError:
+        return False
 
 
 def kill_and_reap(children: list[Child], within: float) -> None:
@@ -83,7 +102,8 @@ class _RecordingSet(set):  # type: ignore[type-arg]
             original = getattr(process, name)
 
             def noted(original: Any = original, number: int = number) -> None:
-                if child.exitcode is None:  # a signal to a process already gone changes nothing
+                # A signal to a process already gone changes nothing.
+                if child.exitcode is None and not has_ended(child.pid):
                     child.signals_sent.add(number)
                 original()
 
@@ -166,6 +186,87 @@ def engine_loggers_quiet() -> Iterator[None]:
     finally:
         for logger, disabled in saved:
             logger.disabled = disabled
+
+
+# torch 2.4-2.13, torch/distributed/elastic/multiprocessing/api.py: ``_wrap`` calls the entrypoint,
+# puts its return value on ``ret_vals[local_rank]`` (a SimpleQueue, local ``ret_val_``) and then
+# waits on ``queue_finished_reading_event`` until every worker has returned: a finished worker's
+# process, and its sockets, stay alive meanwhile, so a peer waiting on it in a collective never
+# sees it go. The caller reads each queue whatever state the worker's process is in.
+
+
+def elastic_return_queue() -> Any:
+    """The queue torch elastic's ``_wrap`` puts this worker's return value on; None if not found."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_wrap" and code.co_filename.replace(os.sep, "/").endswith(
+                "elastic/multiprocessing/api.py"):
+            queue = frame.f_locals.get("ret_val_")
+            if queue is not None and hasattr(queue, "put"):
+                return queue
+            break
+        frame = frame.f_back  # type: ignore[assignment]
+    _loud("elastic-wrap", "torch elastic's worker wrapper (_wrap, ret_val_) is not where it was; "
+          "a worker that finishes now stays alive until its peers finish, so a peer waiting on "
+          "it in a collective waits until the process group's timeout")
+    return None
+
+
+# CPython 3.10-3.13, Lib/multiprocessing/process.py: a process started by multiprocessing ends
+# through BaseProcess._bootstrap, which joins non-daemon threads (threading._shutdown) and runs
+# multiprocessing.util._exit_function (finalizers, daemonic children) before os._exit.
+
+
+def end_like_a_process(code: int) -> NoReturn:
+    """End this worker process at once, doing what a multiprocessing process does at its end."""
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon and thread.is_alive():
+            thread.join()
+    import multiprocessing.util as mp_util
+
+    finish = getattr(mp_util, "_exit_function", None)
+    if finish is None:
+        _loud("mp-exit", "multiprocessing.util._exit_function is gone; a worker that finishes "
+              "early no longer runs multiprocessing's finalizers")
+    else:
+        with contextlib.suppress(Exception):
+            finish()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+# torch 2.4-2.13, torch/multiprocessing/spawn.py: when a worker fails, ProcessContext.join sends
+# the others SIGTERM, waits ``_join_procs_with_timeout(30 if grace_period is None else ...)`` and
+# only then SIGKILLs (process.kill()); torch elastic's MultiprocessContext calls join(-1) with no
+# grace period, so a worker that ignores SIGTERM held every failed launch for 30 s.
+
+
+@contextlib.contextmanager
+def engine_join_grace(grace: float) -> Iterator[None]:
+    """While the block runs, the engine's join waits at most ``grace`` s between SIGTERM and SIGKILL."""
+    torch_spawn: Any = None
+    with contextlib.suppress(ImportError):  # the module: the package's ``spawn`` is a function
+        torch_spawn = importlib.import_module("torch.multiprocessing.spawn")
+    context: Any = getattr(torch_spawn, "ProcessContext", None)
+    original = getattr(context, "_join_procs_with_timeout", None)
+    if original is None:
+        _loud("join-grace", "torch.multiprocessing's ProcessContext._join_procs_with_timeout is "
+              "gone; after a failure the engine may wait its own 30 s before SIGKILL")
+        yield
+        return
+
+    def bounded(self: Any, timeout: float) -> None:
+        original(self, min(timeout, grace))
+
+    context._join_procs_with_timeout = bounded
+    try:
+        yield
+    finally:
+        context._join_procs_with_timeout = original
 
 
 # --- CPython: an exception raised in another thread ---------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 from xlaunch.backends import carry_out
 from xlaunch.detect import detect
 from xlaunch.plan import LaunchOptions, LaunchPlan, make_plan
-from xlaunch.plan.options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT
+from xlaunch.plan.options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT, DEFAULT_STOP_GRACE
 from xlaunch.result import LaunchReport, judge, make_report
 
 
@@ -40,6 +40,7 @@ def notebook_launcher(
     start_method: str | None = None,
     compile_cache: bool | str | os.PathLike[str] | None = None,
     report: bool = True,
+    stop_grace: float = DEFAULT_STOP_GRACE,
 ) -> Any:
     """Run ``function(*args)`` in every process of this machine; return local process 0's result.
 
@@ -80,6 +81,10 @@ def notebook_launcher(
             own sub-folder. Delete the folder to clear it.
         report: after the launch, `last_report()` says what each rank did; the XLA path prints
             it, other paths print only its warnings. ``False`` prints nothing.
+        stop_grace: every stop (the timeout, the stop button, a failed peer, a restart) sends
+            each worker SIGTERM, then SIGKILL after this many seconds: time for an
+            `xlaunch.on_stop` callback (or the worker's own SIGTERM handler) to save a
+            checkpoint. A worker without one ends at once.
 
     Returns:
         What ``function`` returned in this machine's local process 0, tensors moved to the CPU.
@@ -91,7 +96,8 @@ def notebook_launcher(
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
         rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
         log_line_prefix_template=log_line_prefix_template, timeout=timeout,
-        start_method=start_method, compile_cache=compile_cache, report=report)
+        start_method=start_method, compile_cache=compile_cache, report=report,
+        stop_grace=stop_grace)
     return run_plan(make_plan(detect(), options), function, args)
 
 
@@ -104,10 +110,12 @@ def debug_launcher(
     num_processes: int = 2,
     *,
     timeout: float | None = None,
+    stop_grace: float = DEFAULT_STOP_GRACE,
 ) -> Any:
     """Run ``function(*args)`` in ``num_processes`` CPU processes over gloo, whatever the machine."""
     args = _check_args(function, args)
-    options = LaunchOptions(num_processes=num_processes, timeout=timeout, cpu_only=True)
+    options = LaunchOptions(num_processes=num_processes, timeout=timeout, cpu_only=True,
+                            stop_grace=stop_grace)
     return run_plan(make_plan(detect(), options), function, args)
 
 

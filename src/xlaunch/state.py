@@ -27,6 +27,7 @@ from xlaunch.sharing import share_of
 
 P = ParamSpec("P")
 R = TypeVar("R")
+F = TypeVar("F", bound=Callable[[], Any])
 
 _RENDEZVOUS_TAG = "xlaunch.wait_for_everyone"
 
@@ -252,6 +253,15 @@ class ProcessState:
         world = _current_world()
         yield share_of(inputs, world.rank, world.size, apply_padding)
 
+    def on_stop(self, callback: F) -> F:
+        """Run ``callback()`` if the launcher stops this worker (the timeout, the stop button, a
+        failed peer, a restart), to save a checkpoint: it has the launch's ``stop_grace`` seconds
+        before SIGKILL. Works in XLA replicas too, where ``signal.signal`` cannot be called.
+        Usable as a decorator; call it inside the launched function."""
+        from xlaunch.worker import stopping
+
+        return stopping.on_stop(callback)
+
     def print(self, *args: Any, **kwargs: Any) -> None:
         """`print` on the main process only, so a message appears once, not once per rank."""
         if self.is_main_process:
@@ -311,6 +321,10 @@ def on_local_process(function: Callable[..., Any] | None = None, local_process_i
                      *, local_process_idx: int | None = None) -> Any:
     return ProcessState().on_local_process(function, local_process_index=local_process_index,
                                            local_process_idx=local_process_idx)
+
+
+def on_stop(callback: F) -> F:
+    return ProcessState().on_stop(callback)
 
 
 def main_process_first() -> contextlib.AbstractContextManager[None]:

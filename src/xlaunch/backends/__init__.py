@@ -12,6 +12,8 @@ process left, for `xlaunch.result.judge`. One module or package per path:
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -36,12 +38,41 @@ INLINE: Backend[InlineSpec] = inline.launch
 
 
 def carry_out(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
-    """The one dispatch on the plan's spec: its type names the backend."""
-    spec = plan.spec
-    if isinstance(spec, XlaSpec):
-        return XLA(plan, spec, function, args)
-    if isinstance(spec, TorchTpuSpec):  # before ElasticSpec: it is one, with TorchTPU's extras
-        return TORCH_TPU(plan, spec, function, args)
-    if isinstance(spec, ElasticSpec):
-        return ELASTIC(plan, spec, function, args)
-    return INLINE(plan, spec, function, args)
+    """The one dispatch on the plan's spec: its type names the backend.
+
+    One launch at a time per process: a launch sets process-wide state while it starts its
+    workers (the environment they inherit, the temporary directory the engine writes to,
+    multiprocessing's record of children), so a second launch from another thread is refused at
+    once rather than left to tangle with the first. A launch from inside a launch's own thread
+    (a one-process launch's function launching again) is allowed.
+    """
+    if not _LAUNCHING.acquire(blocking=False):
+        raise RuntimeError(
+            "another launch is already running in this process (started from another thread): "
+            "xlaunch runs one launch at a time per process, because a launch sets process-wide "
+            "state (environment variables, the temporary directory) while its workers start. "
+            "Wait for it to finish (join its thread), or start the second launch in a separate "
+            "process.")
+    try:
+        spec = plan.spec
+        if isinstance(spec, XlaSpec):
+            return XLA(plan, spec, function, args)
+        if isinstance(spec, TorchTpuSpec):  # before ElasticSpec: it is one, with TorchTPU's extras
+            return TORCH_TPU(plan, spec, function, args)
+        if isinstance(spec, ElasticSpec):
+            return ELASTIC(plan, spec, function, args)
+        return INLINE(plan, spec, function, args)
+    finally:
+        _LAUNCHING.release()
+
+
+_LAUNCHING = threading.RLock()
+
+
+def _fresh_lock() -> None:
+    """A worker forked while the caller's launch held the lock starts with a free one."""
+    global _LAUNCHING
+    _LAUNCHING = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock)

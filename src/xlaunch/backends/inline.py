@@ -24,6 +24,7 @@ from xlaunch.plan.specs import InlineSpec, LaunchPlan
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import Outcome, RankExit
 from xlaunch.result.report import RankReport
+from xlaunch.worker import stopping
 from xlaunch.worker.measure import dynamo_since, peak_rss_bytes
 from xlaunch.worker.rank import to_cpu
 
@@ -39,13 +40,15 @@ def launch(plan: LaunchPlan, spec: InlineSpec, function: Callable[..., Any],
     pid = os.getpid()
     ended: dict[str, Any] = {}
     compiled_before = _compat.dynamo_counts()
+    stopping.reset()
     try:
         with overlay({**plan.worker_variables(), RESTART_VAR: "0"}), \
                 _deadline(plan.timeout, stack):
             result = function(*args)
-        rank_exit = RankExit(rank=0, pid=pid, exitcode=0)
+        rank_exit = RankExit(rank=0, pid=pid, exitcode=0, returned=True)
         ended["result"] = to_cpu(result)
     except _Expired:
+        stopping.run_callbacks()  # a stop like any other: the function's on_stop clean-up
         rank_exit = RankExit(rank=0, pid=pid, signals_sent=frozenset({signal.SIGALRM}),
                              stack="".join(stack))
         ended["timed_out"] = True
@@ -53,6 +56,11 @@ def launch(plan: LaunchPlan, spec: InlineSpec, function: Callable[..., Any],
         record = ProcessFailure.from_exception(error, rank=0, skip_frames=1)
         rank_exit = RankExit(rank=0, pid=pid, exitcode=1, record=record)
         ended["exception"] = error
+    except KeyboardInterrupt:  # the stop button
+        stopping.run_callbacks()
+        raise
+    finally:
+        stopping.reset()  # nothing of this launch's function is kept
     measured = (RankReport(0, time.perf_counter() - started, peak_rss_bytes(),
                            **dynamo_since(compiled_before)),)
     return Outcome("inline", 1, (rank_exit,), timeout=plan.timeout, rank_reports=measured, **ended)

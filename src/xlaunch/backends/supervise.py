@@ -14,8 +14,11 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Protocol
+
+from xlaunch import _compat
+from xlaunch.worker.process_tree import ProcessTree
 
 POLL_S = 0.05
 
@@ -81,3 +84,27 @@ def signals_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if caught:
         raise KeyboardInterrupt
+
+
+def stop_processes(children: Sequence[_compat.Child], tree: ProcessTree | None,
+                   grace: float) -> None:
+    """Every stop: SIGTERM to each process of the launch, SIGKILL to what still runs after ``grace``.
+
+    A worker that handles SIGTERM (an `xlaunch.on_stop` callback, its own handler) saves its
+    checkpoint meanwhile; one without a handler ends at once; one that ignores it ends at the
+    grace's end. What the workers started themselves, in the launch's process group, gets the
+    same SIGTERM and the same SIGKILL.
+    """
+    started = list(children)
+    for child in started:
+        child.send(signal.SIGTERM)
+    if tree is not None:
+        tree.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and not all(
+            child.exitcode is not None or _compat.has_ended(child.pid) for child in started):
+        time.sleep(POLL_S / 5)
+    for child in started:
+        child.send(signal.SIGKILL)
+    if tree is not None:
+        tree.kill()

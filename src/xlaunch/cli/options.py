@@ -14,6 +14,7 @@ from typing import Any
 from xlaunch.plan.options import (
     DEFAULT_MONITOR_INTERVAL,
     DEFAULT_PORT,
+    DEFAULT_STOP_GRACE,
     MIXED_PRECISIONS,
     RDZV_BACKENDS,
     START_METHODS,
@@ -71,6 +72,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              "ProcessState().autocast())")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="stop every process after this long (exit status 124; default: %(default)s)")
+    parser.add_argument("--stop-grace", type=float, default=DEFAULT_STOP_GRACE, metavar="SECONDS",
+                        help="at a stop, SIGKILL follows SIGTERM after this long "
+                             "(default: %(default)s)")
     parser.add_argument("--start-method", "--start_method", dest="start_method", default=None,
                         metavar="METHOD",
                         help=f"{', '.join(START_METHODS)} for GPU/CPU workers (default fork on Linux)")
@@ -83,7 +87,7 @@ def options_from(args: argparse.Namespace, **overrides: Any) -> LaunchOptions:
 
     values: dict[str, Any] = dict(
         num_processes=args.num_processes, mixed_precision=args.mixed_precision,
-        timeout=args.timeout, start_method=args.start_method)
+        timeout=args.timeout, start_method=args.start_method, stop_grace=args.stop_grace)
     if hasattr(args, "rdzv_backend"):  # every launch option, not only the common ones
         values.update(
             use_port=DEFAULT_PORT if args.master_port is None else args.master_port,

@@ -73,7 +73,7 @@ def mixed_precision(options: LaunchOptions) -> MixedPrecision:
 
 def common(options: LaunchOptions) -> dict[str, Any]:
     return dict(mixed_precision=mixed_precision(options), timeout=options.timeout,
-                report=options.report)
+                report=options.report, stop_grace=float(options.stop_grace))
 
 
 def _xla_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:

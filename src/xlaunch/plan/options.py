@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_PORT = "29500"
+DEFAULT_STOP_GRACE = 3.0  # seconds between a stop's SIGTERM and its SIGKILL
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 START_METHODS = ("fork", "spawn", "forkserver")
@@ -49,6 +50,7 @@ class LaunchOptions:
     start_method: str | None = None
     compile_cache: bool | str | os.PathLike[str] | None = None
     report: bool = True
+    stop_grace: float = DEFAULT_STOP_GRACE
     cpu_only: bool = False  # debug_launcher and ``xlaunch run --cpu``: CPU processes whatever the machine
 
     def __post_init__(self) -> None:
@@ -90,5 +92,6 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "start_method": ((str, type(None)), "'fork', 'spawn', 'forkserver' or None"),
     "compile_cache": ((bool, str, os.PathLike, type(None)), "None, False, True or a directory"),
     "report": ((bool,), "True or False"),
+    "stop_grace": (_NUMBER, "a number of seconds"),
     "cpu_only": ((bool,), "True or False"),
 }

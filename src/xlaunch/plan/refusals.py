@@ -40,6 +40,9 @@ def check_values(options: LaunchOptions) -> None:
     if not options.monitor_interval > 0:
         raise ValueError("monitor_interval must be a positive number of seconds, not "
                          f"{options.monitor_interval!r}")
+    if not options.stop_grace >= 0:
+        raise ValueError(f"stop_grace must be a number of seconds (0 or more), not "
+                         f"{options.stop_grace!r}")
     if options.timeout is not None and not options.timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds or None, not "
                          f"{options.timeout!r}")
@@ -61,7 +64,7 @@ def _is_port(value: str | int) -> bool:
 # path leaves unused is refused, naming the option and the path.
 _USED = {
     "xla": {"num_processes", "mixed_precision", "timeout", "start_method", "report",
-            "log_line_prefix_template", "compile_cache", "cpu_only", "max_restarts"},
+            "log_line_prefix_template", "compile_cache", "cpu_only", "max_restarts", "stop_grace"},
     "inline": {"num_processes", "mixed_precision", "timeout", "report", "cpu_only"},
 }
 _WHY_UNUSED = {

@@ -109,6 +109,7 @@ class LaunchPlan:
     mixed_precision: MixedPrecision = "no"
     timeout: float | None = None
     report: bool = True
+    stop_grace: float = 3.0  # a stop's SIGTERM, then SIGKILL after this many seconds
     memory_total: int | None = None  # this machine's memory, for the report's memory warning
     notes: tuple[str, ...] = ()  # what the user should be told about this plan
 

@@ -29,9 +29,11 @@ LOST_PEER = "lost-peer"  # its error says a peer went away: a consequence, never
 STOPPED = "stopped"  # the launcher or its engine ended it after another rank failed
 TIMED_OUT = "timed-out"  # stopped at the launch's timeout; its stack says where it stood
 LEADER = "leader"  # the launch failed before any worker ran (the XLA launch leader)
-OWN_CAUSES = (RAISED, DIED, LEADER)  # failures in their own right; the first is the root cause
+FINISHED_EARLY = "finished-early"  # its function returned while peers still waited on it
+# Failures in their own right; the first is the root cause.
+OWN_CAUSES = (RAISED, DIED, LEADER, FINISHED_EARLY)
 LABELS = {
-    RAISED: "failed", DIED: "failed", LEADER: "failed",
+    RAISED: "failed", DIED: "failed", LEADER: "failed", FINISHED_EARLY: "failed",
     LOST_PEER: "secondary: lost a peer", STOPPED: "secondary: stopped by the launcher",
     TIMED_OUT: "stopped at the timeout",
 }
@@ -76,6 +78,8 @@ class ProcessFailure:
         return f"{where}: {self.what()}" if self.what() else where
 
     def what(self) -> str:
+        if self.cause == FINISHED_EARLY:
+            return "finished early: its function returned while its peers still waited on it"
         if self.exc_type:
             return f"{self.exc_type}: {self.message}".rstrip().rstrip(":")
         if self.exitcode is None:
@@ -92,7 +96,7 @@ class ProcessFailure:
         for _ in range(skip_frames):
             tb = tb.tb_next if tb is not None and tb.tb_next is not None else tb
         return cls(rank=rank, pid=os.getpid(), exitcode=exitcode, exc_type=type(error).__qualname__,
-                   message=str(error), timestamp_ns=time.time_ns(),
+                   message=exception_text(error), timestamp_ns=time.time_ns(),
                    traceback="".join(traceback.format_exception(type(error), error, tb)))
 
     def to_json(self) -> str:
@@ -105,6 +109,18 @@ class ProcessFailure:
         known = {f.name for f in dataclasses.fields(cls)}
         record = cls(**{key: value for key, value in data.items() if key in known})
         return dataclasses.replace(record, error_file=error_file) if error_file else record
+
+
+def exception_text(error: BaseException) -> str:
+    """``str(error)``, or what went wrong with it: a broken ``__str__`` must not hide the error."""
+    try:
+        return str(error)
+    except Exception as broken:  # noqa: BLE001 - the user's __str__ may raise anything
+        try:
+            why = f"{type(broken).__qualname__}: {broken}"
+        except Exception:  # noqa: BLE001
+            why = type(broken).__qualname__
+        return f"<its __str__ raised {why}>"
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:
@@ -161,10 +177,10 @@ def format_failures(failures: Sequence[ProcessFailure], summary: str) -> str:
 
 def _details(failure: ProcessFailure) -> list[str]:
     lines = []
+    if failure.message and not failure.exc_type:
+        lines.append(f"  {failure.message}")
     if failure.traceback and not failure.secondary:
         lines.append(failure.traceback.rstrip())
-    elif failure.message and not failure.exc_type:
-        lines.append(f"  {failure.message}")
     if failure.stack:
         lines.append(f"Python stack of rank {failure.rank} when it was stopped "
                      "(most recent call first):")

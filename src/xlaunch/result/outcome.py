@@ -12,6 +12,10 @@ The root cause is decided from those facts alone, never from when a thread happe
 - a rank that raised failed on its own, unless its error says it lost a peer ("connection closed
   by peer"): that is the consequence of another rank's failure, never its cause;
 - a rank the launcher or the engine stopped (it died of the signal it was sent) is never the cause;
+- a rank that ended with status 0 without its function returning (``os._exit(0)``) failed;
+- when nothing failed on its own but peers lost a peer, the ranks whose function had returned
+  are the cause: they left while the others still waited on them in a collective (the ranks
+  called different collectives, ``if rank == 0: evaluate()``);
 - among ranks that raised on their own, the earliest record (the rank's own clock) comes first.
 """
 
@@ -26,6 +30,7 @@ from typing import Any
 from xlaunch.names import CANCELLED_EXIT, PathName
 from xlaunch.result.errors import (
     DIED,
+    FINISHED_EARLY,
     LEADER,
     LOST_PEER,
     RAISED,
@@ -86,8 +91,8 @@ def classify(rank_exit: RankExit, timed_out: bool) -> str | None:
         return STOPPED
     if code is None:  # never seen ending: it was still running when the launch stopped it
         return TIMED_OUT if timed_out else (STOPPED if rank_exit.signals_sent else None)
-    if code == 0:
-        return None
+    if code == 0 and signal.SIGTERM not in rank_exit.signals_sent:
+        return DIED  # it ended its process before its function returned: os._exit(0)
     if rank_exit.signals_sent and not (code < 0 and -code not in rank_exit.signals_sent):
         return TIMED_OUT if timed_out else STOPPED
     return DIED
@@ -98,17 +103,27 @@ def lost_a_peer(record: ProcessFailure) -> bool:
     return any(sign in text for sign in PEER_LOSS)
 
 
-def failures_of(exits: Sequence[RankExit], timed_out: bool) -> list[ProcessFailure]:
-    """The failed ranks of one attempt, root cause first."""
+def failures_of(exits: Sequence[RankExit], timed_out: bool,
+                world_size: int | None = None) -> list[ProcessFailure]:
+    """The failed ranks of one attempt, root cause first.
+
+    ``world_size``: when the attempt's exits cover fewer ranks (one node of several), a lost peer
+    may have been on another machine, so no rank here is blamed for having finished.
+    """
     failures = []
     for rank_exit in exits:
         cause = classify(rank_exit, timed_out)
         if cause is not None:
             failures.append(_failure(rank_exit, cause))
+    waiting = [f for f in failures if f.cause == LOST_PEER]
+    whole = world_size is None or len(exits) >= world_size
+    if waiting and whole and all(f.secondary for f in failures):
+        failures += [_finished_early(e, waiting) for e in exits if e.returned]
     return sorted(failures, key=_precedence)
 
 
-_ORDER = {LEADER: 0, DIED: 1, RAISED: 2, LOST_PEER: 3, STOPPED: 4, TIMED_OUT: 4}
+_ORDER = {LEADER: 0, DIED: 1, RAISED: 2, FINISHED_EARLY: 3, LOST_PEER: 4, STOPPED: 5,
+          TIMED_OUT: 5}
 
 
 def _precedence(failure: ProcessFailure) -> tuple[int, int, int]:
@@ -121,15 +136,21 @@ def _failure(rank_exit: RankExit, cause: str) -> ProcessFailure:
     message = base.message
     if cause == DIED and not base.exc_type:
         message = _died(rank_exit.exitcode or 0)
+    # The status a rank meant to exit with is in its own record (``sys.exit(21)``); a process
+    # that several replicas share, or that the pool ended afterwards, exits otherwise.
+    exitcode = rank_exit.exitcode if rank_exit.record is None else base.exitcode
     return dataclasses.replace(
         base, rank=rank_exit.rank, pid=rank_exit.pid or base.pid,
-        exitcode=rank_exit.exitcode if rank_exit.exitcode is not None else base.exitcode,
+        exitcode=exitcode if exitcode is not None else rank_exit.exitcode,
         message=message, stack=rank_exit.stack, stderr_tail=rank_exit.stderr_tail, cause=cause)
 
 
 def _died(exitcode: int) -> str:
     """What a death without a Python exception usually means, by the signal that ended it."""
-    if exitcode >= 0:
+    if exitcode == 0:
+        return ("ended its process with status 0 before its function returned: os._exit(0), "
+                "or a library that exits the process; its peers lost it")
+    if exitcode > 0:
         return ("ended without raising a Python exception in the function: os._exit(), or "
                 "an error before the function started (its stderr says which)")
     if -exitcode == signal.SIGKILL:
@@ -146,14 +167,35 @@ def _died(exitcode: int) -> str:
             "sent")
 
 
+def _finished_early(rank_exit: RankExit, waiting: Sequence[ProcessFailure]) -> ProcessFailure:
+    """A rank whose function returned while ``waiting`` still waited on it in a collective."""
+    ranks = rank_ranges(f.rank for f in waiting)
+    where = []
+    for failure in waiting:
+        if failure.traceback and all(failure.traceback != w.traceback for w in waiting
+                                     if w.rank < failure.rank):
+            where.append(f"rank {failure.rank} was waiting here:\n{failure.traceback.rstrip()}\n")
+    return ProcessFailure(
+        rank=rank_exit.rank, pid=rank_exit.pid,
+        exitcode=rank_exit.exitcode if rank_exit.exitcode is not None else 0,
+        message=f"its function returned while its peers still waited on it ({ranks} in a "
+                "collective that this rank never called: the ranks called different "
+                "collectives, for example a barrier or an all-reduce under `if rank == 0:`)",
+        traceback="".join(where), cause=FINISHED_EARLY)
+
+
 def judge(outcome: Outcome, report: LaunchReport | None = None) -> LaunchError | None:
     """The error this outcome amounts to (carrying ``report``), or None when the launch succeeded."""
-    earlier = [failures_of(attempt, False) for attempt in outcome.earlier_attempts]
+    attempts = [*outcome.earlier_attempts, outcome.exits]
+    while len(attempts) > 1 and _never_ran(attempts[-1]):
+        attempts.pop()  # started after the launch was stopped: they found it cancelled and left
+    exits = attempts[-1]
+    earlier = [failures_of(attempt, False, outcome.world_size) for attempt in attempts[:-1]]
     if outcome.leader_failure is not None:
         leader = dataclasses.replace(outcome.leader_failure, cause=LEADER)
         return LaunchError(f"the {outcome.path} launch failed before any worker ran",
                            [leader], earlier_attempts=earlier, report=report)
-    failures = failures_of(outcome.exits, outcome.timed_out)
+    failures = failures_of(exits, outcome.timed_out, outcome.world_size)
     if outcome.timed_out:
         return LaunchTimeout(_timeout_summary(outcome, failures), failures,
                              earlier_attempts=earlier, report=report)
@@ -161,6 +203,11 @@ def judge(outcome: Outcome, report: LaunchReport | None = None) -> LaunchError |
         return None
     return LaunchError(_summary(outcome, failures), failures, earlier_attempts=earlier,
                        report=report)
+
+
+def _never_ran(exits: Sequence[RankExit]) -> bool:
+    """An attempt whose every worker found the launch already stopped, and ran nothing."""
+    return bool(exits) and all(e.exitcode == CANCELLED_EXIT and e.record is None for e in exits)
 
 
 def _summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:
@@ -176,6 +223,8 @@ def _summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:
 def _verb(failure: ProcessFailure) -> str:
     if failure.cause == DIED:
         return f"ended without an exception ({failure.exit_cause})"
+    if failure.cause == FINISHED_EARLY:
+        return "finished (its function returned) while its peers still waited on it"
     if failure.exc_type:
         return f"raised {failure.exc_type}"
     return failure.exit_cause

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import codecs
+import contextlib
+import fcntl
 import io
+import os
 import re
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 LINE_ENDS = ("\n", "\r")
@@ -16,13 +22,24 @@ class PrefixedStream(io.TextIOBase):
     A carriage return also ends a piece, so a progress bar still redraws in place. Text without
     a line end waits in a list of pieces (never re-scanned), so a rank printing a million dots
     without a newline costs a million appends, not a million copies of a growing string.
+
+    A pipe keeps a write whole only up to 4 KiB (PIPE_BUF): a longer line from one rank could be
+    cut by another's. With ``lock_path`` (a file every rank of the launch shares) each write holds
+    an advisory lock on it, so lines of any length arrive whole. It is a full text stream:
+    ``buffer`` (bytes, decoded and prefixed alike), ``reconfigure``, ``name``, ``line_buffering``…
+    come from the stream it wraps.
     """
 
-    def __init__(self, stream: Any, prefix: str) -> None:
+    def __init__(self, stream: Any, prefix: str, lock_path: str | None = None) -> None:
         self._stream = stream
         self._prefix = prefix
         self._pending: list[str] = []
         self._line_started = False  # part of the current line already went out (by a flush)
+        self._lock_path = lock_path
+        self._lock_fd: int | None = None
+        self._lock_pid = 0
+        self._threads = threading.Lock()
+        self._buffer: PrefixedBuffer | None = None
 
     def write(self, text: str) -> int:
         last_end = max(text.rfind("\n"), text.rfind("\r"))
@@ -30,17 +47,19 @@ class PrefixedStream(io.TextIOBase):
             self._pending.append(text)
             return len(text)
         head, self._pending = "".join([*self._pending, text[:last_end + 1]]), [text[last_end + 1:]]
-        self._stream.write("".join(self._start(piece) + piece for piece in _pieces(head)))
-        self._stream.flush()
+        with self._held():
+            self._stream.write("".join(self._start(piece) + piece for piece in _pieces(head)))
+            self._stream.flush()
         return len(text)
 
     def flush(self) -> None:
         pending = "".join(self._pending)
         self._pending = []
-        if pending:
-            self._stream.write(self._start(pending) + pending)
-            self._line_started = True
-        self._stream.flush()
+        with self._held():
+            if pending:
+                self._stream.write(self._start(pending) + pending)
+                self._line_started = True
+            self._stream.flush()
 
     def _start(self, piece: str) -> str:
         """The prefix this piece needs: none mid-line, none for a bare line end (a progress
@@ -48,6 +67,51 @@ class PrefixedStream(io.TextIOBase):
         prefix = "" if self._line_started or piece in LINE_ENDS else self._prefix
         self._line_started = False
         return prefix
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        """The launch's output lock, across processes (flock) and threads, while writing."""
+        with self._threads:
+            fd = self._lock_file()
+            if fd is None:
+                yield
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                yield
+                return
+            try:
+                yield
+            finally:
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _lock_file(self) -> int | None:
+        if self._lock_path is None:
+            return None
+        if self._lock_pid != os.getpid():  # each process its own open file: flock is per open
+            self._lock_pid = os.getpid()
+            try:
+                self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                        0o600)
+            except OSError:  # the launch's folder is gone: write without it
+                self._lock_fd = None
+        return self._lock_fd
+
+    # --- the rest of a text stream, from the stream underneath --------------------------------
+
+    @property
+    def buffer(self) -> PrefixedBuffer:
+        """Bytes written here are decoded and prefixed like text (``sys.stdout.buffer.write``)."""
+        if self._buffer is None:
+            self._buffer = PrefixedBuffer(self)
+        return self._buffer
+
+    def reconfigure(self, **options: Any) -> None:
+        reconfigure = getattr(self._stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(**options)
 
     def isatty(self) -> bool:
         return bool(getattr(self._stream, "isatty", lambda: False)())
@@ -57,10 +121,59 @@ class PrefixedStream(io.TextIOBase):
 
     @property
     def encoding(self) -> str:  # type: ignore[override]
-        return str(getattr(self._stream, "encoding", "utf-8"))
+        return str(getattr(self._stream, "encoding", None) or "utf-8")
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return str(getattr(self._stream, "errors", None) or "strict")
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self._stream, "name", "<stdout>"))
+
+    @property
+    def mode(self) -> str:
+        return "w"
+
+    @property
+    def line_buffering(self) -> bool:
+        return bool(getattr(self._stream, "line_buffering", False))
+
+    @property
+    def write_through(self) -> bool:
+        return bool(getattr(self._stream, "write_through", False))
 
     def writable(self) -> bool:
         return True
+
+
+class PrefixedBuffer(io.BufferedIOBase):
+    """The binary side of a `PrefixedStream`: bytes in, prefixed text out."""
+
+    def __init__(self, text: PrefixedStream) -> None:
+        self._text = text
+        self._decoder = codecs.getincrementaldecoder(text.encoding)("replace")
+
+    def write(self, data: Any) -> int:
+        raw = bytes(data)
+        self._text.write(self._decoder.decode(raw))
+        return len(raw)
+
+    def flush(self) -> None:
+        self._text.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return self._text.isatty()
+
+    def fileno(self) -> int:
+        return self._text.fileno()
+
+    @property
+    def name(self) -> str:
+        return self._text.name
 
 
 def _pieces(text: str) -> list[str]:

@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass
 
 # Reads until its stdin (a pipe from the caller) closes, then kills its own group, itself included.
-GUARD = ("/bin/sh", "-c", "read _unused; kill -KILL 0")
+# A stop's SIGTERM to the whole group leaves it standing: it must outlive the grace period.
+GUARD = ("/bin/sh", "-c", "trap '' TERM; read _unused; kill -KILL 0")
 END_WAIT_S = 5.0
 
 
@@ -47,6 +48,11 @@ class ProcessTree:
 
     def ticket(self, forked: bool) -> TreeTicket:
         return TreeTicket(self.pgid, self._pipe.fileno() if forked else None)
+
+    def signal(self, number: int) -> None:
+        """Send ``number`` to every process still in the group (the guard ignores SIGTERM)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, number)
 
     def kill(self) -> None:
         """SIGKILL every process still in the group (the guard stays until `end`)."""

@@ -24,7 +24,7 @@ from typing import IO, Any
 from xlaunch._compat import dynamo_counts
 from xlaunch.names import CANCELLED_EXIT, RESTART_VAR
 from xlaunch.result.errors import ProcessFailure
-from xlaunch.worker import process_tree
+from xlaunch.worker import process_tree, stopping
 from xlaunch.worker.hints import hint_for
 from xlaunch.worker.launch_dir import STACK_SIGNAL, LaunchDir, note_returned, record_failure, write_pid
 from xlaunch.worker.measure import dynamo_since, write_rank_report
@@ -70,20 +70,30 @@ class Worker:
         if setup.line_prefix is not None and (world_size > 1 or setup.prefix_single):
             prefix = string.Template(setup.line_prefix).safe_substitute(
                 rank=rank, local_rank=local_rank, role_name="default")
-            sys.stdout = PrefixedStream(sys.stdout, prefix)
-            sys.stderr = PrefixedStream(sys.stderr, prefix)
+            lock = str(launch_dir.path) + "/output.lock"  # shared by every rank of the launch
+            sys.stdout = PrefixedStream(sys.stdout, prefix, lock)
+            sys.stderr = PrefixedStream(sys.stderr, prefix, lock)
         die_with_parent()
         if threading.current_thread() is threading.main_thread():
             # The stop button or Ctrl-C must end a worker at once, even inside a C++ collective;
             # handlers the launching process had installed mean nothing here.
             for number in STOP_SIGNALS:
                 signal.signal(number, signal.SIG_DFL)
+            stopping.reset()  # callbacks come from this worker's function, not the caller's
 
     def record_failure(self, error: BaseException, exitcode: int = 1, skip_frames: int = 0) -> None:
         """Write what went wrong, before anything else can go wrong."""
-        failure = ProcessFailure.from_exception(error, rank=self.rank, exitcode=exitcode,
-                                                skip_frames=skip_frames)
-        hint = hint_for(error)
+        try:
+            failure = ProcessFailure.from_exception(error, rank=self.rank, exitcode=exitcode,
+                                                    skip_frames=skip_frames)
+        except Exception as broken:  # noqa: BLE001 - the record must be written whatever happens
+            failure = ProcessFailure(rank=self.rank, pid=os.getpid(), exitcode=exitcode,
+                                     exc_type=type(error).__qualname__, timestamp_ns=time.time_ns(),
+                                     message=f"(it could not be described: {type(broken).__name__})")
+        try:
+            hint = hint_for(error)
+        except Exception:  # noqa: BLE001
+            hint = None
         if hint is not None:
             failure = dataclasses.replace(failure, message=f"{failure.message}. {hint}",
                                           traceback=f"{failure.traceback}hint: {hint}\n")
@@ -112,9 +122,7 @@ class Worker:
             code = stop.code if isinstance(stop.code, int) else 1
             self.record_failure(stop, exitcode=code, skip_frames=1)
             raise
-        except KeyboardInterrupt:
-            raise
-        except BaseException as error:
+        except BaseException as error:  # KeyboardInterrupt too: torch's wrapper makes it exit 0
             self.record_failure(error, skip_frames=1)  # this frame is ours, not the user's
             raise SystemExit(1) from None
         finally:

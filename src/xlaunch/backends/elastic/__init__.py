@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xlaunch.backends.elastic.engine import EngineExtras, EngineRun
+from xlaunch.backends.elastic.entry import Returned
 from xlaunch.backends.ports import choose_port
 from xlaunch.backends.supervise import signals_deferred, supervise
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
@@ -51,10 +52,13 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
                 run.end()
             launch_dir.remove()
     results = run.results or {}
+    result = results[min(results)] if results else None
+    if isinstance(result, Returned):
+        result = result.load()
     return Outcome(
         path=plan.path, world_size=plan.world_size,
         exits=attempts[-1] if attempts else (), earlier_attempts=tuple(attempts[:-1]),
         # Keyed by global rank: this node's local rank 0 holds the smallest of its ranks.
-        result=results[min(results)] if results else None,
+        result=result,
         timed_out=timed_out, timeout=plan.timeout,
         exception=run.engine_error, rank_reports=reports)

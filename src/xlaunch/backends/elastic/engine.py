@@ -12,23 +12,23 @@ import contextlib
 import dataclasses
 import math
 import os
-import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from xlaunch import _compat
 from xlaunch.backends.elastic.entry import Entry, worker_main
 from xlaunch.backends.envvars import overlay
 from xlaunch.backends.exits import AttemptFiles, ChildExit, elastic_exits
+from xlaunch.backends.supervise import stop_processes
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
 from xlaunch.worker.launch_dir import LaunchDir, dump_stacks, worker_pids
 from xlaunch.worker.process_tree import ProcessTree
 from xlaunch.worker.rank import WorkerSetup
 
 LOCAL_RDZV = "xlaunch-local"
-SHUTDOWN_GRACE_S = 3  # a worker that ignores its stop signal is killed after this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +56,7 @@ class EngineRun:
         self.results: dict[int, Any] | None = None
         self.engine_error: BaseException | None = None
         self.stacks: dict[int, str] = {}
+        self.stacks_from: Path | None = None  # the attempt whose workers the stacks are of
         self.tree: ProcessTree | None = None
         self._gate = threading.Lock()
         self._cancelled = False
@@ -78,6 +79,7 @@ class EngineRun:
         try:
             with _compat.engine_loggers_quiet(), _shared_store_off(self.spec), \
                     overlay(self.extras.at_start), \
+                    _compat.engine_join_grace(self.plan.stop_grace), \
                     _temp_files_in(self.launch_dir.path), _compat.recording_children() as children:
                 self.children = children
                 self.results = elastic_launch(self._config(), worker_main)(entry)
@@ -95,22 +97,20 @@ class EngineRun:
         attempt = self.launch_dir.latest_attempt()
         if attempt is not None:
             self.stacks = dump_stacks(attempt, worker_pids(attempt))
-        self._kill_all()
+            self.stacks_from = attempt
+        self._stop_all()
 
     def stop(self) -> bool:
         with self._gate:
             self._cancelled = True
             started = self._started
         self.launch_dir.cancel()
-        self._kill_all()
+        self._stop_all()
         # Several nodes still meeting: nothing of ours runs yet and the wait cannot be cut short.
         return started and (self.spec.loopback_only or bool(self.children))
 
-    def _kill_all(self) -> None:
-        for child in list(self.children):
-            child.send(signal.SIGKILL)
-        if self.tree is not None:
-            self.tree.kill()
+    def _stop_all(self) -> None:
+        stop_processes(self.children, self.tree, self.plan.stop_grace)
 
     def end(self) -> None:
         if self.tree is not None:
@@ -118,9 +118,13 @@ class EngineRun:
 
     def attempts(self, timed_out: bool) -> list[tuple[Any, ...]]:
         children = [ChildExit(c.pid, c.exitcode, frozenset(c.signals_sent)) for c in self.children]
-        folders = [AttemptFiles.read(folder) for folder in self.launch_dir.attempts()]
-        if timed_out and folders:
-            folders[-1] = dataclasses.replace(folders[-1], stacks=self.stacks)
+        paths = self.launch_dir.attempts()
+        folders = [AttemptFiles.read(folder) for folder in paths]
+        if timed_out and self.stacks_from in paths:
+            # The engine may have restarted the workers after the stop (they found the launch
+            # cancelled and left): the stacks belong to the attempt they were taken from.
+            index = paths.index(self.stacks_from)
+            folders[index] = dataclasses.replace(folders[index], stacks=self.stacks)
         offset = self.spec.node_rank * self.plan.num_processes
         return elastic_exits(children, folders, self.plan.num_processes, offset)
 
@@ -153,7 +157,7 @@ class EngineRun:
             max_restarts=spec.max_restarts, monitor_interval=spec.monitor_interval,
             start_method=spec.start_method, log_line_prefix_template=spec.log_line_prefix_template,
             logs_specs=DefaultLogsSpecs(log_dir=os.path.join(self.launch_dir.path, "logs"), tee=tee),
-            shutdown_timeout=SHUTDOWN_GRACE_S,
+            shutdown_timeout=self.plan.stop_grace,
         )
         known = {field.name for field in dataclasses.fields(LaunchConfig)}
         return LaunchConfig(**{key: value for key, value in options.items() if key in known})

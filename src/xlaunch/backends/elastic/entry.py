@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from xlaunch import _compat
 from xlaunch.names import CANCELLED_EXIT, STORE_DIR_VAR
 from xlaunch.plan.specs import ElasticSpec
 from xlaunch.worker.rank import Worker, WorkerSetup, by_value
@@ -67,15 +68,15 @@ class Entry:
             raise SystemExit(1) from None
         try:
             result = worker.run(function, args, measure=self._measure())
-            return worker.returnable(result) if local_rank == 0 else None
+            value = worker.returnable(result) if local_rank == 0 else None
         finally:
             # A forked worker ends in os._exit, which frees everything; gloo's own teardown cost
             # 20-80 ms a rank. Workers that end in a full interpreter shutdown tear down first.
             if self.spec.dist_backend == "nccl" or self.spec.start_method != "fork":
-                import torch.distributed as dist
-
-                with contextlib.suppress(Exception):
-                    dist.destroy_process_group()
+                _destroy_groups()
+        if world > 1:
+            leave(value)
+        return value
 
     def _measure(self) -> Callable[[], Mapping[str, Any]] | None:
         """What the rank adds to its report (a path's own counters); None: wall time and memory."""
@@ -104,3 +105,39 @@ class Entry:
         # Gloo finishes connecting pairs lazily: a rank that returned at once and exited would
         # break a peer still connecting. Everyone starts the function together.
         dist.barrier()
+
+
+def leave(value: Any) -> None:
+    """A finished worker hands its value to the engine and ends its process at once.
+
+    The engine would keep the process, and with it every socket of its process group, alive until
+    all workers finish: a peer still waiting on this rank in a collective would wait until the
+    group's timeout (30 minutes). Ending here closes those sockets, as the end of a script does
+    under torchrun, and the peer's collective fails within moments ("Connection closed by peer").
+    A peer that waits on nothing from this rank is not affected.
+    """
+    queue = _compat.elastic_return_queue()
+    if queue is None:  # the engine changed: at least close the group's sockets
+        _destroy_groups()
+        return
+    # Plain bytes: torch's queue would share a tensor's storage through this process, which is
+    # about to end.
+    queue.put(None if value is None else Returned(pickle.dumps(value)))
+    _compat.end_like_a_process(0)
+
+
+class Returned:
+    """A worker's return value as plain pickled bytes, for a caller that outlives the worker."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def load(self) -> Any:
+        return pickle.loads(self.data)
+
+
+def _destroy_groups() -> None:
+    import torch.distributed as dist
+
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()

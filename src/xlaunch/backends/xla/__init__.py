@@ -56,7 +56,8 @@ def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
     earlier: list[tuple[RankExit, ...]] = []
     try:
         for attempt in range(spec.max_restarts + 1):
-            job = Job(function, args, setup, attempt, compile_cache=spec.compile_cache)
+            job = Job(function, args, setup, attempt, compile_cache=spec.compile_cache,
+                      replicas_per_process=spec.threads_per_process, stop_grace=plan.stop_grace)
             outcome = _attempt(plan, spec, job, deadline)
             outcome = dataclasses.replace(outcome, earlier_attempts=tuple(earlier))
             if outcome.timed_out or judge(outcome) is None:

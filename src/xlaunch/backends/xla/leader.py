@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from xlaunch import _compat
+from xlaunch.backends.supervise import stop_processes
 from xlaunch.backends.xla import replica
 from xlaunch.plan.specs import XlaSpec
 from xlaunch.result.errors import ProcessFailure
@@ -34,6 +35,7 @@ REAP_S = 1.0
 
 _POOL: list[_compat.Child] = []  # xmp.spawn's pool, each process recorded as it starts
 _ATTEMPT: Path | None = None
+_GRACE = 3.0
 
 
 def lead(spec: XlaSpec, job: replica.Job, stderr_fd: int) -> NoReturn:
@@ -48,7 +50,9 @@ def lead(spec: XlaSpec, job: replica.Job, stderr_fd: int) -> NoReturn:
         faulthandler.enable(file=2, all_threads=False)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, _stop_pool if spec.nprocs is None else signal.SIG_DFL)
-        os.register_at_fork(after_in_child=_default_sigterm)
+        global _GRACE
+        _GRACE = job.stop_grace
+        replica.ARMED.set()  # each pool process gets its stop handler as it is forked
         die_with_parent()
         _prepare_environment(spec)
         with _compat.recording_children() as pool:
@@ -97,16 +101,12 @@ def _end_pool() -> None:
 
 
 def _stop_pool(signum: int, frame: Any) -> None:
-    """The leader's SIGTERM (the caller stopping the launch): end the pool, then the leader."""
+    """The leader's SIGTERM (the caller stopping the launch): stop the pool (SIGTERM, the grace,
+    SIGKILL), then end the leader."""
+    stop_processes(_POOL, None, _GRACE)
     _end_pool()
     flush_output()
     os._exit(128 + signum)
-
-
-def _default_sigterm() -> None:
-    """In processes the leader forks (the pool): SIGTERM kills, as the pool's terminate() expects."""
-    with contextlib.suppress(ValueError):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def read_exits(attempt: Path) -> list[dict[str, Any]]:

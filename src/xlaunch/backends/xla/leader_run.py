@@ -19,7 +19,7 @@ from xlaunch.backends.xla.attempt import AttemptRun
 from xlaunch.plan.specs import LaunchPlan, XlaSpec
 from xlaunch.worker.rank import flush_output
 
-STOP_GRACE_S = 2.0  # the leader's time to stop its pool before the whole group is killed
+LEADER_EXTRA_S = 2.0  # beyond the stop's grace: the leader's time to reap and record its pool
 
 
 class LeaderRun(AttemptRun):
@@ -61,7 +61,7 @@ class LeaderRun(AttemptRun):
             self.leader_signals.add(signal.SIGTERM)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGTERM)
-            if not self._finished.wait(STOP_GRACE_S):
+            if not self._finished.wait(self.plan.stop_grace + LEADER_EXTRA_S):
                 self.leader_signals.add(signal.SIGKILL)
         if self.tree is not None:
             self.tree.kill()

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import sys
 import threading
 
 from xlaunch import _compat
 from xlaunch.backends.envvars import overlay
 from xlaunch.backends.exits import ChildExit
+from xlaunch.backends.supervise import stop_processes
 from xlaunch.backends.xla import replica
 from xlaunch.backends.xla.attempt import AttemptRun
 from xlaunch.backends.xla.metrics import DEBUG_VAR
@@ -74,10 +74,7 @@ class PoolRun(AttemptRun):
     def _stop_all(self) -> None:
         self.stopped_all = True
         self.launch_dir.cancel()  # a replica not started yet will not start
-        for child in list(self._pool):
-            child.send(signal.SIGKILL)
-        if self.tree is not None:
-            self.tree.kill()
+        stop_processes(self._pool, self.tree, self.plan.stop_grace)
 
     def children(self) -> list[ChildExit]:
         return [ChildExit(c.pid, c.exitcode, frozenset(c.signals_sent))
@@ -88,8 +85,15 @@ def _spawn(job: replica.Job) -> None:
     import torch_xla.distributed.xla_multiprocessing as xmp
 
     replica.FORKED_JOB = job
-    flush_output()  # buffered text would be written twice
-    xmp.spawn(replica.replica, nprocs=None, start_method="fork")
+    replica.ARMED.set()
+    try:
+        flush_output()  # buffered text would be written twice
+        xmp.spawn(replica.replica, nprocs=None, start_method="fork")
+    finally:
+        replica.ARMED.clear()
+        # The replicas were forked with it; here it would keep the function, its arguments (a
+        # 200 MB dataset stayed in the notebook's memory) until the next launch.
+        replica.FORKED_JOB = None
 
 
 def import_torch_xla() -> None:
