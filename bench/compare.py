@@ -360,7 +360,7 @@ def timed_launch(name: str, function: Callable[..., Any], n: int,
                     LAUNCHERS[name](function, (out_dir,), n)
             except Hung as hung:
                 return None, f"hung ({hung}; interrupted, then stopped by its own launcher)"
-            except Exception as error:  # noqa: BLE001 - a launcher that fails is a result too
+            except Exception as error:  # a launcher that fails is a result too
                 return None, f"failed with {type(error).__name__}: {first_line(error)}"
             elapsed = time.perf_counter() - start
         return elapsed, check_ranks(out_dir, n)
@@ -451,7 +451,7 @@ def timed_failure(name: str, log: Path) -> tuple[float, str]:
                 LAUNCHERS[name](FAILING[name], (), 2)
         except Hung:
             return time.perf_counter() - start, "hung"
-        except BaseException as error:  # noqa: BLE001 - whatever the launcher raises is the result
+        except BaseException as error:  # whatever the launcher raises is the result
             elapsed = time.perf_counter() - start
             if FAILURE_TOKEN in str(error):
                 return elapsed, f"{type(error).__name__}, message in it"

@@ -23,12 +23,12 @@ from typing import Any
 
 os.environ.setdefault("XLAUNCH_ACCELERATOR", "cpu")
 
-import torch.distributed.elastic.agent.server.api as agent_api  # noqa: E402
-import torch.distributed.elastic.multiprocessing.api as mp_api  # noqa: E402
+import torch.distributed.elastic.agent.server.api as agent_api
+import torch.distributed.elastic.multiprocessing.api as mp_api
 
-import xlaunch  # noqa: E402
-from xlaunch.backends.elastic import engine, entry  # noqa: E402
-from xlaunch.worker import launch_dir, process_tree, rank  # noqa: E402
+import xlaunch
+from xlaunch.backends.elastic import engine, entry
+from xlaunch.worker import launch_dir, process_tree, rank
 
 LOG = os.path.join(tempfile.gettempdir(), f"xlaunch-timeline-{os.getpid()}.log")
 
@@ -38,7 +38,7 @@ STEPS: list[tuple[Any, str, str]] = [
     (process_tree.ProcessTree, "__init__", "caller: start the process tree's guard"),
     (agent_api.SimpleElasticAgent, "_initialize_workers", "engine: rendezvous and fork the workers"),
     (rank.Worker, "__init__", "worker: set-up (pid file, signals, output, tree)"),
-    (entry.Job if hasattr(entry, "Job") else entry.Entry, "_form_group",
+    (entry.Job, "_form_group",
      "worker: process group (FileStore, gloo, barrier)"),
     (rank.Worker, "run", "worker: the function, its report"),
     (mp_api.MultiprocessContext, "_poll", "engine: notice the end, collect results, reap"),

@@ -117,7 +117,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     options = parser.parse_args()
-    import torch  # noqa: F401 - the caller has torch imported, as a notebook has
+    import torch
 
     from tests.fakes import fake_machine
 

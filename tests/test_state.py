@@ -327,10 +327,10 @@ def test_seed_tutorial_examples_as_written(tmp_path: Path) -> None:
     log = EventLog(tmp_path / "events.log")
     state = ProcessState()
 
-    class args:  # noqa: N801 - stands in for the tutorial's argparse namespace
+    class args:  # stands in for the tutorial's argparse namespace
         max_train_steps = 3
 
-    class repo:  # noqa: N801 - stands in for the tutorial's Hub repository
+    class repo:  # stands in for the tutorial's Hub repository
         @staticmethod
         def push_to_hub() -> None:
             log(state.process_index, "push_to_hub")

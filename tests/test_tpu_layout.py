@@ -163,7 +163,7 @@ class _VersionSwitcher(http.server.BaseHTTPRequestHandler):
 
     requests: list[tuple[str, str]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:  # http.server's naming
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
         type(self).requests.append(("POST", self.path))

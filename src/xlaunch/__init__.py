@@ -9,10 +9,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from xlaunch.api import debug_launcher, last_report, launch, notebook_launcher  # noqa: E402
-from xlaunch.detect import DeviceHolder, Environment, detect  # noqa: E402
-from xlaunch.result import LaunchError, LaunchReport, LaunchTimeout, ProcessFailure, RankReport  # noqa: E402
-from xlaunch.state import (  # noqa: E402
+from xlaunch.api import debug_launcher, last_report, launch, notebook_launcher
+from xlaunch.detect import DeviceHolder, Environment, detect
+from xlaunch.result import LaunchError, LaunchReport, LaunchTimeout, ProcessFailure, RankReport
+from xlaunch.state import (
     ProcessState,
     main_process_first,
     on_last_process,

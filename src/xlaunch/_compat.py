@@ -377,7 +377,7 @@ def tpu_cache_stats() -> CacheStats | None:
         return None
     try:
         return _cache_stats(tpu)
-    except Exception as error:  # noqa: BLE001 - a report never fails the training
+    except Exception as error:  # a report never fails the training
         _loud("tpu-cache", f"torch.tpu's compilation cache counters could not be read ({error}); "
               "the report shows no compilations for TorchTPU")
         return None

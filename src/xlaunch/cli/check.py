@@ -100,7 +100,7 @@ def _launch(plan: Any, steps: dict[str, Step], verdict: dict[str, Any], config: 
         _failed_in_worker(error, steps)
         verdict["error"] = str(error)
         result = None
-    except Exception as error:  # noqa: BLE001 - a port taken, torch_xla missing: the verdict says
+    except Exception as error:  # a port taken, torch_xla missing: the verdict says
         steps["ranks"].ok, steps["ranks"].detail = False, f"{type(error).__name__}: {error}"
         verdict["error"] = steps["ranks"].detail
         result = None

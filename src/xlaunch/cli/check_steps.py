@@ -65,7 +65,7 @@ def _step(name: str, timings: dict[str, float]) -> Iterator[None]:
         yield
     except CheckFailed as failed:
         raise CheckFailed(f"{name}: {failed}") from None
-    except Exception as error:  # noqa: BLE001 - any failure inside a step is that step's
+    except Exception as error:  # any failure inside a step is that step's
         raise CheckFailed(f"{name}: {type(error).__name__}: {error}") from error
     timings[name] = time.perf_counter() - started
 

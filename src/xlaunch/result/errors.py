@@ -115,10 +115,10 @@ def exception_text(error: BaseException) -> str:
     """``str(error)``, or what went wrong with it: a broken ``__str__`` must not hide the error."""
     try:
         return str(error)
-    except Exception as broken:  # noqa: BLE001 - the user's __str__ may raise anything
+    except Exception as broken:  # the user's __str__ may raise anything
         try:
             why = f"{type(broken).__qualname__}: {broken}"
-        except Exception:  # noqa: BLE001
+        except Exception:
             why = type(broken).__qualname__
         return f"<its __str__ raised {why}>"
 

@@ -26,21 +26,21 @@ PREFIX = "xlaunch-"
 STACK_SIGNAL = signal.SIGUSR1
 
 
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write ``path`` so a reader sees the whole content or nothing, never half of it."""
-    partial = path.with_name(path.name + ".partial")
+def atomic_write(file: Path, data: str | bytes) -> None:
+    """Write ``file`` so a reader sees the whole content or nothing, never half of it."""
+    partial = file.with_name(file.name + ".partial")
     if isinstance(data, bytes):
         partial.write_bytes(data)
     else:
         partial.write_text(data)
-    partial.replace(path)
+    partial.replace(file)
 
 
 @dataclass(frozen=True)
 class LaunchDir:
     """One launch's directory; ``attempt-N`` folders separate restarts of the workers."""
 
-    path: str
+    folder: str
 
     @classmethod
     def create(cls) -> LaunchDir:
@@ -53,7 +53,7 @@ class LaunchDir:
         return cls(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
 
     def attempt_path(self, attempt: int) -> Path:
-        return Path(self.path) / f"attempt-{attempt}"
+        return Path(self.folder) / f"attempt-{attempt}"
 
     def attempt_dir(self, attempt: int) -> Path:
         folder = self.attempt_path(attempt)
@@ -62,7 +62,7 @@ class LaunchDir:
 
     def attempts(self) -> list[Path]:
         """Every attempt's folder, oldest first."""
-        found = Path(self.path).glob("attempt-*")
+        found = Path(self.folder).glob("attempt-*")
         return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
     def latest_attempt(self) -> Path | None:
@@ -71,13 +71,13 @@ class LaunchDir:
 
     @property
     def cancel_marker(self) -> Path:
-        return Path(self.path) / "cancelled"
+        return Path(self.folder) / "cancelled"
 
     def cancel(self) -> None:
         self.cancel_marker.touch()
 
     def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def sweep_stale(temp: Path) -> None:
@@ -132,8 +132,8 @@ def note_returned(attempt: Path, rank: int) -> None:
 
 
 def returned_ranks(attempt: Path) -> frozenset[int]:
-    return frozenset(int(path.name[9:]) for path in attempt.glob("returned-*")
-                     if path.name[9:].isdigit())
+    return frozenset(int(mark.name[9:]) for mark in attempt.glob("returned-*")
+                     if mark.name[9:].isdigit())
 
 
 def record_failure(attempt: Path, failure: ProcessFailure) -> None:
@@ -145,9 +145,9 @@ def read_failures(attempt: Path | None) -> dict[int, ProcessFailure]:
     records: dict[int, ProcessFailure] = {}
     if attempt is None:
         return records
-    for path in attempt.glob("failure-*.json"):
+    for file in attempt.glob("failure-*.json"):
         try:
-            record = ProcessFailure.from_json(path.read_text(), error_file=str(path))
+            record = ProcessFailure.from_json(file.read_text(), error_file=str(file))
         except (OSError, ValueError, TypeError):
             continue
         records[record.rank] = record
@@ -201,9 +201,9 @@ def read_rank_reports(attempt: Path | None) -> list[RankReport]:
     if attempt is None:
         return []
     by_pid: dict[int, RankReport] = {}
-    for path in attempt.glob("report-*.json"):
+    for file in attempt.glob("report-*.json"):
         try:
-            record = json.loads(path.read_text())
+            record = json.loads(file.read_text())
             pid, report = int(record["pid"]), RankReport.from_json(json.dumps(record["report"]))
         except (OSError, ValueError, TypeError, KeyError):
             continue

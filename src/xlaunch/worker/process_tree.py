@@ -39,7 +39,7 @@ class ProcessTree:
     def __init__(self) -> None:
         extra: dict[str, object] = {"process_group": 0} if sys.version_info >= (3, 11) else {
             "preexec_fn": os.setpgrp}
-        self._guard = subprocess.Popen(  # noqa: S603 - a fixed command, no shell input
+        self._guard = subprocess.Popen(  # a fixed command, no shell input
             GUARD, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             close_fds=True, **extra)  # type: ignore[call-overload]
         assert self._guard.stdin is not None

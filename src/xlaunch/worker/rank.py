@@ -65,12 +65,12 @@ class Worker:
             tempfile.tempdir = setup.tempdir
         os.environ.update(setup.env)
         os.environ[RESTART_VAR] = str(attempt)
-        self._stack_file = open(self.attempt / f"stack-{rank}", "w")  # noqa: SIM115
+        self._stack_file = open(self.attempt / f"stack-{rank}", "w")
         faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         if setup.line_prefix is not None and (world_size > 1 or setup.prefix_single):
             prefix = string.Template(setup.line_prefix).safe_substitute(
                 rank=rank, local_rank=local_rank, role_name="default")
-            lock = str(launch_dir.path) + "/output.lock"  # shared by every rank of the launch
+            lock = str(launch_dir.folder) + "/output.lock"  # shared by every rank of the launch
             sys.stdout = PrefixedStream(sys.stdout, prefix, lock)
             sys.stderr = PrefixedStream(sys.stderr, prefix, lock)
         die_with_parent()
@@ -86,13 +86,13 @@ class Worker:
         try:
             failure = ProcessFailure.from_exception(error, rank=self.rank, exitcode=exitcode,
                                                     skip_frames=skip_frames)
-        except Exception as broken:  # noqa: BLE001 - the record must be written whatever happens
+        except Exception as broken:  # the record must be written whatever happens
             failure = ProcessFailure(rank=self.rank, pid=os.getpid(), exitcode=exitcode,
                                      exc_type=type(error).__qualname__, timestamp_ns=time.time_ns(),
                                      message=f"(it could not be described: {type(broken).__name__})")
         try:
             hint = hint_for(error)
-        except Exception:  # noqa: BLE001
+        except Exception:
             hint = None
         if hint is not None:
             failure = dataclasses.replace(failure, message=f"{failure.message}. {hint}",
@@ -134,7 +134,7 @@ class Worker:
         try:
             extra = {**dynamo_since(compiled_before), **(measure() if measure is not None else {})}
             write_rank_report(self.attempt, self.rank, wall_seconds, extra)
-        except Exception as error:  # noqa: BLE001 - a report must never fail the training
+        except Exception as error:  # a report must never fail the training
             print(f"xlaunch: rank {self.rank} could not write its report: {error}", file=sys.stderr)
 
     def returnable(self, result: Any) -> Any:
@@ -142,7 +142,7 @@ class Worker:
         result = to_cpu(result)
         try:
             pickle.dumps(result)
-        except Exception as error:  # noqa: BLE001 - reported as this rank's failure
+        except Exception as error:  # reported as this rank's failure
             self.record_failure(TypeError(
                 f"the function returned a value that cannot be sent back to the caller "
                 f"({type(result).__name__}): {error}"))
@@ -154,7 +154,7 @@ def flush_output() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:  # noqa: BLE001 - reporting must not fail on a closed stream
+        except Exception:  # reporting must not fail on a closed stream
             pass
 
 
@@ -168,7 +168,7 @@ def check_picklable(function: Callable[..., Any], args: tuple[Any, ...]) -> None
     for what, value in (("function", function), ("args", args)):
         try:
             by_value(value)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             name = getattr(function, "__qualname__", repr(function))
             raise TypeError(
                 f"{name}: its {what} cannot be sent to spawned workers, even by value with "

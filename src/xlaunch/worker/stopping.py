@@ -70,7 +70,7 @@ def run_callbacks() -> None:
             callback = _CALLBACKS.pop()
         try:
             callback()
-        except BaseException:  # noqa: BLE001 - the stop goes on whatever a callback does
+        except BaseException:  # the stop goes on whatever a callback does
             print("xlaunch: an on_stop callback failed:", file=sys.stderr)
             traceback.print_exc()
 
@@ -80,7 +80,7 @@ def _stopped(signum: int, frame: Any) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)  # the process ends of the signal it was sent

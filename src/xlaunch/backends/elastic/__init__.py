@@ -32,7 +32,7 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
            args: tuple[Any, ...], extras: EngineExtras | None = None) -> Outcome:
     """Run ``function(*args)`` in every worker of this node; local rank 0's result in the outcome.
 
-    ``extras``: what a path built on the engine adds (TorchTPU's variables and worker entry).
+    ``extras``: what a path built on the engine adds (TorchTPU's variables and worker job).
     """
     if spec.start_method != "fork":
         check_picklable(function, args)

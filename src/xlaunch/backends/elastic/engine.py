@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from xlaunch import _compat
-from xlaunch.backends.elastic.entry import Entry, worker_main
+from xlaunch.backends.elastic.entry import Job, worker_main
 from xlaunch.backends.envvars import overlay
 from xlaunch.backends.exits import AttemptFiles, ChildExit, elastic_exits
 from xlaunch.backends.supervise import stop_processes
@@ -39,7 +39,7 @@ class EngineExtras:
     # In the caller's environment while the engine starts its workers: what a spawned worker
     # must find before its first import (torch's device-backend autoload reads it then).
     at_start: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
-    entry: Callable[..., Entry] = Entry  # (function, args, setup, spec) -> the worker's entry
+    job: Callable[..., Job] = Job  # (function, args, setup, spec) -> what each worker runs
 
 
 class EngineRun:
@@ -72,20 +72,20 @@ class EngineRun:
             self._started = True
             self.tree = ProcessTree()
         forked = self.spec.start_method == "fork"
-        setup = WorkerSetup(self.launch_dir.path, {**self._worker_env(), **self.extras.worker_env},
+        setup = WorkerSetup(self.launch_dir.folder, {**self._worker_env(), **self.extras.worker_env},
                             line_prefix="[rank ${rank}] " if self._prefix_here() else None,
                             tree=self.tree.ticket(forked), tempdir=tempfile.gettempdir())
-        entry = self.extras.entry(self.function, self.args, setup, self.spec)
+        job = self.extras.job(self.function, self.args, setup, self.spec)
         try:
             with _compat.engine_loggers_quiet(), _shared_store_off(self.spec), \
                     overlay(self.extras.at_start), \
                     _compat.engine_join_grace(self.plan.stop_grace), \
-                    _temp_files_in(self.launch_dir.path), _compat.recording_children() as children:
+                    _temp_files_in(self.launch_dir.folder), _compat.recording_children() as children:
                 self.children = children
-                self.results = elastic_launch(self._config(), worker_main)(entry)
+                self.results = elastic_launch(self._config(), worker_main)(job)
         except ChildFailedError:
             pass  # the facts are in the children and the launch directory
-        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+        except BaseException as error:  # handed to the caller's thread
             self.engine_error = error
 
     def check(self) -> None:
@@ -156,7 +156,7 @@ class EngineRun:
             rdzv_backend=rdzv_backend, rdzv_endpoint=endpoint, rdzv_configs=rdzv_conf,
             max_restarts=spec.max_restarts, monitor_interval=spec.monitor_interval,
             start_method=spec.start_method, log_line_prefix_template=spec.log_line_prefix_template,
-            logs_specs=DefaultLogsSpecs(log_dir=os.path.join(self.launch_dir.path, "logs"), tee=tee),
+            logs_specs=DefaultLogsSpecs(log_dir=os.path.join(self.launch_dir.folder, "logs"), tee=tee),
             shutdown_timeout=self.plan.stop_grace,
         )
         known = {field.name for field in dataclasses.fields(LaunchConfig)}
@@ -169,11 +169,11 @@ class EngineRun:
         if spec.loopback_only:
             if spec.rdzv_backend == "static":
                 _register_local_rendezvous()
-                store = os.path.join(self.launch_dir.path, "rdzv-store")
+                store = os.path.join(self.launch_dir.folder, "rdzv-store")
                 return LOCAL_RDZV, store, {"port": self.port, **conf}
             if spec.rdzv_backend == "c10d":
                 conf.setdefault("store_type", "file")
-                return "c10d", os.path.join(self.launch_dir.path, "c10d-store"), conf
+                return "c10d", os.path.join(self.launch_dir.folder, "c10d-store"), conf
         endpoint = spec.rdzv_endpoint or f"{spec.master_addr}:{self.port}"
         if self.plan.timeout is not None:
             # Waiting for other nodes happens inside the store's C++ calls, which nothing can

@@ -15,12 +15,12 @@ from xlaunch.plan.specs import ElasticSpec
 from xlaunch.worker.rank import Worker, WorkerSetup, by_value
 
 
-def worker_main(entry: Entry) -> Any:
+def worker_main(job: Job) -> Any:
     """The engine's entrypoint: a named module-level function, as it expects."""
-    return entry()
+    return job()
 
 
-class Entry:
+class Job:
     """The function each worker process runs (a plain object, so ``spawn`` can pickle it).
 
     Under ``spawn`` the function and its arguments travel by value (cloudpickle), and are
@@ -58,12 +58,12 @@ class Entry:
         self._prepare_torch(local_rank)
         try:
             self._form_group(worker.attempt, rank, world)
-        except Exception as error:  # noqa: BLE001 - reported as this rank's failure
+        except Exception as error:  # reported as this rank's failure
             worker.record_failure(error)
             raise SystemExit(1) from None
         try:
             function, args = self._work()
-        except Exception as error:  # noqa: BLE001 - reported as this rank's failure
+        except Exception as error:  # reported as this rank's failure
             worker.record_failure(error)
             raise SystemExit(1) from None
         try:

@@ -13,7 +13,7 @@ distributed/distributed.py``, 0.2.0):
   backends when it is imported, and TorchTPU's C++ side reads (and keeps) variables such as RANK
   then. The engine sets a worker's rank variables only after its first ``import torch``, so the
   workers start with torch's autoload off and load TorchTPU themselves once their rank is set
-  (`entry.TpuEntry`).
+  (`entry.TpuJob`).
 
 What listens where, on one host: the engine's rendezvous and the workers' process-group store are
 files in the launch's private folder (no socket); gloo and the handshake clients use 127.0.0.1.
@@ -33,7 +33,7 @@ from xlaunch import _compat
 from xlaunch.backends import elastic
 from xlaunch.backends.elastic.engine import EngineExtras
 from xlaunch.backends.ports import free_port
-from xlaunch.backends.torch_tpu.entry import AUTOLOAD_VAR, TpuEntry
+from xlaunch.backends.torch_tpu.entry import AUTOLOAD_VAR, TpuJob
 from xlaunch.plan.specs import LaunchPlan, TorchTpuSpec
 from xlaunch.result.outcome import Outcome
 
@@ -49,11 +49,11 @@ def launch(plan: LaunchPlan, spec: TorchTpuSpec, function: Callable[..., Any],
 
 
 def engine_extras(plan: LaunchPlan, spec: TorchTpuSpec) -> EngineExtras:
-    """TorchTPU's variables for this launch, chosen now, and the worker entry that uses them."""
+    """TorchTPU's variables for this launch, chosen now, and the worker job that uses them."""
     asked = os.environ.get(AUTOLOAD_VAR)
-    entry = functools.partial(TpuEntry, autoload=asked != "0", autoload_value=asked)
+    job = functools.partial(TpuJob, autoload=asked != "0", autoload_value=asked)
     return EngineExtras(worker_env=launch_variables(plan, spec), at_start={AUTOLOAD_VAR: "0"},
-                        entry=entry)
+                        job=job)
 
 
 def launch_variables(plan: LaunchPlan, spec: TorchTpuSpec) -> dict[str, str]:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from xlaunch import _compat
-from xlaunch.backends.elastic.entry import Entry
+from xlaunch.backends.elastic.entry import Job
 from xlaunch.backends.torch_tpu.measure import WARNINGS, collect
 from xlaunch.plan.specs import ElasticSpec
 from xlaunch.worker.rank import WorkerSetup
@@ -23,7 +23,7 @@ from xlaunch.worker.rank import WorkerSetup
 AUTOLOAD_VAR = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 
 
-class TpuEntry(Entry):
+class TpuJob(Job):
     def __init__(self, function: Callable[..., Any], args: tuple[Any, ...], setup: WorkerSetup,
                  spec: ElasticSpec, *, autoload: bool = True, autoload_value: str | None = None
                  ) -> None:

@@ -3,13 +3,13 @@
 The caller never starts the XLA runtime itself. For the usual launch (every device, fork) the
 launch thread calls ``xmp.spawn(start_method="fork")`` and the replicas are the caller's own
 children (`pool`); for one replica, spawn/forkserver and legacy TPU Nodes a launch leader is forked
-first and calls ``xmp.spawn`` there (`leader_run` on the caller's side, `leader` in the forked
+first and calls ``xmp.spawn`` there (`via_leader` on the caller's side, `in_leader` in the forked
 leader). Every process of a launch sits in one process tree the caller can end at once.
 Everything torch_xla-specific is in this package, imported inside functions (it takes seconds to
 import and may query the TPU metadata server), so a successor runtime can sit beside it.
 
 Modules: `attempt` (what both ways share: watching, stopping, the facts left), `pool`,
-`leader_run`, `leader`, `replica` (what each replica runs), `metrics` (the report's XLA figures),
+`via_leader`, `in_leader`, `replica` (what each replica runs), `metrics` (the report's XLA figures),
 `tail` (the launch's stderr), `tpu_node` (legacy TPU Nodes).
 """
 
@@ -24,10 +24,10 @@ from typing import Any
 
 from xlaunch import _compat
 from xlaunch.backends.supervise import signals_deferred, supervise
-from xlaunch.backends.xla.leader_run import LeaderRun
 from xlaunch.backends.xla.pool import PoolRun
 from xlaunch.backends.xla.replica import Job
 from xlaunch.backends.xla.tpu_node import prepare_tpu_node
+from xlaunch.backends.xla.via_leader import LeaderRun
 from xlaunch.detect.runtime import install_line
 from xlaunch.names import WORLD_VAR
 from xlaunch.plan.specs import LaunchPlan, XlaSpec
@@ -48,7 +48,7 @@ def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
         check_picklable(function, args)
     launch_dir = LaunchDir.create()
     setup = WorkerSetup(
-        launch_dir.path, env,
+        launch_dir.folder, env,
         # Two replicas sharing a process (v2/v3 threads) would share one prefixed stdout.
         line_prefix=spec.line_prefix if spec.threads_per_process == 1 else None,
         prefix_single=spec.line_prefix != XlaSpec.line_prefix)

@@ -1,7 +1,7 @@
 """One attempt of an XLA launch, as its supervisor sees it (see supervise.Supervised).
 
 Two ways to start the replicas share everything else here: `pool.PoolRun` calls ``xmp.spawn``
-from the launch thread, so the replicas are the caller's children; `leader_run.LeaderRun` forks a
+from the launch thread, so the replicas are the caller's children; `via_leader.LeaderRun` forks a
 launch leader first, for the one replica ``xmp.spawn(nprocs=1)`` would otherwise run in the caller.
 """
 
@@ -47,7 +47,7 @@ class AttemptRun:
     def run(self) -> None:
         try:
             self._run()
-        except BaseException as error:  # noqa: BLE001 - reported as the launch's own failure
+        except BaseException as error:  # reported as the launch's own failure
             self.failure = ProcessFailure.from_exception(error, rank=0)
         finally:
             self._finished.set()

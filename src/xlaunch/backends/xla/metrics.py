@@ -73,7 +73,7 @@ def compile_sources(path: str | None) -> tuple[tuple[str, int], ...]:
     if not path:
         return ()
     try:
-        text = open(path, encoding="utf-8", errors="replace").read()  # noqa: SIM115
+        text = open(path, encoding="utf-8", errors="replace").read()
     except OSError:
         return ()
     counts: Counter[str] = Counter()

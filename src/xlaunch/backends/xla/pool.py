@@ -110,11 +110,11 @@ def import_torch_xla() -> None:
     def load() -> None:
         try:
             # What every replica imports too: forked replicas then find it imported.
-            import torch_xla  # noqa: F401
-            import torch_xla.debug.metrics  # noqa: F401
-            import torch_xla.distributed.xla_multiprocessing  # noqa: F401
+            import torch_xla
+            import torch_xla.debug.metrics
+            import torch_xla.distributed.xla_multiprocessing
             import torch_xla.runtime  # noqa: F401
-        except BaseException as error:  # noqa: BLE001 - raised in the launch thread below
+        except BaseException as error:  # raised in the launch thread below
             failed.append(error)
 
     loader = threading.Thread(target=load, name="xlaunch-import-torch_xla")

@@ -1,4 +1,6 @@
-"""A launch leader forked first: for the one replica ``xmp.spawn(nprocs=1)`` runs in its caller.
+"""The caller's side (the launch thread) of an attempt run through a launch leader it forks
+first (`in_leader.lead` is what the leader runs): for the one replica ``xmp.spawn(nprocs=1)`` runs
+in its caller.
 
 ``nprocs=1`` runs the function in the calling process and leaves the runtime initialised there,
 after which every later spawn in that process refuses. In a leader that state dies with the
@@ -14,7 +16,7 @@ import os
 import signal
 
 from xlaunch.backends.exits import ChildExit
-from xlaunch.backends.xla import leader, replica
+from xlaunch.backends.xla import in_leader, replica
 from xlaunch.backends.xla.attempt import AttemptRun
 from xlaunch.plan.specs import LaunchPlan, XlaSpec
 from xlaunch.worker.rank import flush_output
@@ -41,7 +43,7 @@ class LeaderRun(AttemptRun):
         if pid == 0:  # the leader: it never returns into the caller's code
             try:
                 os.close(read_end)
-                leader.lead(self.spec, job, write_end)
+                in_leader.lead(self.spec, job, write_end)
             finally:
                 os._exit(1)
         os.close(write_end)
@@ -51,7 +53,7 @@ class LeaderRun(AttemptRun):
             self.status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         except ChildProcessError:  # reaped behind our back (SIGCHLD ignored in the caller)
             self.status = 0
-        self.failure = self.failure or leader.read_leader_failure(self.attempt)
+        self.failure = self.failure or in_leader.read_leader_failure(self.attempt)
 
     def _stop_all(self) -> None:
         """SIGTERM lets the leader end its pool and say how; then the whole group is killed."""
@@ -72,4 +74,4 @@ class LeaderRun(AttemptRun):
             return [leader_exit]
         return [ChildExit(entry.get("pid"), entry.get("exitcode"),
                           frozenset(entry.get("signals_sent") or ()))
-                for entry in leader.read_exits(self.attempt)]
+                for entry in in_leader.read_exits(self.attempt)]

@@ -1,4 +1,5 @@
-"""The launch leader: a process forked from the caller that owns torch_xla's process pool.
+"""What runs in the launch leader, a process forked from the caller (never in the caller
+itself): it owns torch_xla's process pool.
 
 - ``xmp.spawn(nprocs=1)`` runs the function in the calling process and leaves the runtime
   initialised there, after which every later spawn in that process refuses. In the leader that
@@ -58,7 +59,7 @@ def lead(spec: XlaSpec, job: replica.Job, stderr_fd: int) -> NoReturn:
         with _compat.recording_children() as pool:
             _POOL = pool
             code = _spawn(spec, job)
-    except BaseException as error:  # noqa: BLE001 - the caller reports it
+    except BaseException as error:  # the caller reports it
         if type(error).__name__ != "BrokenProcessPool":  # the exit statuses say more
             record = ProcessFailure.from_exception(error, rank=0, exitcode=1)
             atomic_write(attempt / LEADER_FILE, record.to_json())
