@@ -17,17 +17,19 @@ MAX_MODULE_CODE_LINES = 300
 MAX_FUNCTION_CODE_LINES = 60
 
 # What each part may import from xlaunch (besides itself). The flow: detect -> plan -> backends
-# -> result; the worker below the backends; names below everything; api and cli on top.
+# -> result; the worker below the backends; names (and the registries a process keeps: sharing,
+# stopping) below everything; api and cli on top.
 ALLOWED: dict[str, set[str]] = {
     "names": set(),
     "_compat": set(),
     "sharing": set(),
-    "state": {"names", "_compat", "sharing"},
+    "stopping": set(),
+    "state": {"names", "_compat", "sharing", "stopping"},
     "detect": {"names"},
     "plan": {"names", "detect"},
     "result": {"names"},
-    "worker": {"names", "result", "state", "_compat"},
-    "backends": {"names", "plan", "result", "worker", "_compat", "detect.runtime"},
+    "worker": {"names", "result", "state", "stopping", "_compat"},
+    "backends": {"names", "plan", "result", "worker", "stopping", "_compat", "detect.runtime"},
     "api": {"names", "detect", "plan", "backends", "result", "state", "worker", "_compat"},
     "cli": {"names", "detect", "plan", "api", "result", "state", "worker", "backends", "_compat",
             "__init__"},

@@ -258,7 +258,7 @@ class ProcessState:
         failed peer, a restart), to save a checkpoint: it has the launch's ``stop_grace`` seconds
         before SIGKILL. Works in XLA replicas too, where ``signal.signal`` cannot be called.
         Usable as a decorator; call it inside the launched function."""
-        from xlaunch.worker import stopping
+        from xlaunch import stopping
 
         return stopping.on_stop(callback)
 

@@ -17,14 +17,13 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from xlaunch import _compat
+from xlaunch import _compat, stopping
 from xlaunch.backends.envvars import overlay
 from xlaunch.names import RESTART_VAR
 from xlaunch.plan.specs import InlineSpec, LaunchPlan
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import Outcome, RankExit
 from xlaunch.result.report import RankReport
-from xlaunch.worker import stopping
 from xlaunch.worker.measure import dynamo_since, peak_rss_bytes
 from xlaunch.worker.rank import to_cpu
 

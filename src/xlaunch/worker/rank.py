@@ -21,10 +21,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from xlaunch import stopping
 from xlaunch._compat import dynamo_counts
 from xlaunch.names import CANCELLED_EXIT, RESTART_VAR
 from xlaunch.result.errors import ProcessFailure
-from xlaunch.worker import process_tree, stopping
+from xlaunch.worker import process_tree
 from xlaunch.worker.hints import hint_for
 from xlaunch.worker.launch_dir import STACK_SIGNAL, LaunchDir, note_returned, record_failure, write_pid
 from xlaunch.worker.measure import dynamo_since, write_rank_report

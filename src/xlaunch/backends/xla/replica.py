@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from xlaunch import stopping
 from xlaunch.backends.xla.metrics import DEBUG_FILE_VAR, collect
-from xlaunch.worker import stopping
 from xlaunch.worker.launch_dir import atomic_write
 from xlaunch.worker.rank import Worker, WorkerSetup, by_value
 
