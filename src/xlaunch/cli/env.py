@@ -11,12 +11,11 @@ import json
 import os
 import platform
 from collections.abc import Mapping
-from importlib import metadata
 from typing import Any
 
 from xlaunch.cli.options import add_launch_arguments, options_from, usage_error
 from xlaunch.detect import detect
-from xlaunch.detect.runtime import install_line, installed_versions
+from xlaunch.detect.runtime import install_line, installed_version, installed_versions
 from xlaunch.plan import LaunchOptions, make_plan
 from xlaunch.plan.specs import PATHS
 
@@ -69,7 +68,7 @@ def env_report(
             "python": platform.python_version(),
             # os.uname, not platform.platform(): that runs `uname -p` in a subprocess.
             "os": "{0.sysname}-{0.release}-{0.machine}".format(os.uname()),
-            "xlaunch": _version("xlaunch"),
+            "xlaunch": installed_version("xlaunch"),
             **installed_versions(),
         },
         "variables": {name: variables[name] for name in VARIABLES if name in variables},
@@ -185,10 +184,3 @@ def _show(value: Any) -> str:
     if value is None:
         return "-"
     return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None

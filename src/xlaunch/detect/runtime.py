@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from importlib import metadata
 
 from xlaunch.names import TpuRuntime
 
@@ -58,7 +57,7 @@ def installed_versions() -> dict[str, str | None]:
 
 @functools.lru_cache(maxsize=1)
 def _installed() -> tuple[tuple[str, str | None], ...]:
-    return tuple((name, _version(name)) for name in ("torch", "torch_xla", "torch-tpu", "libtpu"))
+    return tuple((name, installed_version(name)) for name in ("torch", "torch_xla", "torch-tpu", "libtpu"))
 
 
 def release(version: str | None) -> tuple[int, int] | None:
@@ -114,7 +113,7 @@ def install_line(generation: str | None = None, runtime: TpuRuntime | None = Non
     ``runtime`` asks for that runtime's line (the XLA path on a CPU or GPU device needs
     torch_xla whatever the generation).
     """
-    torch_version = torch_version or _version("torch")
+    torch_version = torch_version or installed_version("torch")
     torch = release(torch_version)
     runtime = runtime or fitting_runtime(generation, torch)
     shown = (torch_version or "").split("+")[0]
@@ -135,7 +134,14 @@ def install_line(generation: str | None = None, runtime: TpuRuntime | None = Non
     return f'pip install "torch_xla[tpu]=={shown}"  (torch_xla must match torch {shown} exactly)'
 
 
-def _version(distribution: str) -> str | None:
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (either spelling of its name), or None.
+
+    importlib.metadata is imported here, not with the module: it costs about 25 ms (it loads the
+    email package), which ``import xlaunch`` would otherwise pay on every machine.
+    """
+    from importlib import metadata
+
     for name in (distribution, distribution.replace("-", "_")):
         try:
             return metadata.version(name)

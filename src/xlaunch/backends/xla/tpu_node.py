@@ -7,7 +7,8 @@ import re
 import socket
 import time
 from collections.abc import Mapping
-from importlib import metadata
+
+from xlaunch.detect.runtime import installed_version
 
 TPU_NODE_PORT_WAIT_S = 120.0
 
@@ -18,7 +19,7 @@ def prepare_tpu_node(environ: Mapping[str, str], xla_version: str | None = None)
     A TPU Node is a remote TPU reached over gRPC (XRT). Its software must match torch_xla's, so
     the runtime version is selected with cloud-tpu-client, as torch_xla 1.x did on import.
     """
-    version = xla_version or _installed_version("torch_xla")
+    version = xla_version or installed_version("torch_xla")
     match = re.match(r"(\d+)\.(\d+)", version or "")
     release = (int(match[1]), int(match[2])) if match else None
     if release is None or release > (2, 0) or importlib.util.find_spec("cloud_tpu_client") is None:
@@ -57,9 +58,3 @@ def _wait_for_port(host: str, port: int, timeout: float) -> None:
             raise RuntimeError(f"the TPU Node at {host}:{port} did not come up in {timeout:.0f} s")
         time.sleep(1)
 
-
-def _installed_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
