@@ -73,3 +73,18 @@ def test_a_process_that_died_before_it_learnt_its_rank_gets_a_rank_no_other_has(
     exits = xla_exits(children, files, world_size=2, tails={}, stopped_all=False)
     assert [(e.rank, e.pid) for e in exits] == [(0, 80), (1, 81)]  # a clean exit is not listed
     assert exits[1].exitcode == -signal.SIGABRT
+
+
+def test_signals_that_reached_a_replica_as_it_ended_by_itself_are_not_the_cause():
+    # os._exit(0) in a replica breaks xmp.spawn's pool, which then terminates its processes: on a
+    # busy machine the dying replica is not reaped yet and the SIGTERM is noted on it. It exited 0:
+    # no signal ended it. Only a stop the launcher decided (stopped_all) makes it the launcher's.
+    files = AttemptFiles(places={0: (90, 0)})
+    ended = [ChildExit(90, 0, frozenset({signal.SIGTERM, KILL}))]
+    (own,) = xla_exits(ended, files, world_size=1, tails={}, stopped_all=False)
+    assert own.exitcode == 0 and own.signals_sent == frozenset()
+    (stopped,) = xla_exits(ended, files, world_size=1, tails={}, stopped_all=True)
+    assert stopped.signals_sent == {signal.SIGTERM, KILL}
+    killed = [ChildExit(90, -KILL, frozenset({KILL}))]  # a signal that did end it stays
+    (gone,) = xla_exits(killed, files, world_size=1, tails={}, stopped_all=False)
+    assert gone.signals_sent == {KILL}

@@ -76,6 +76,11 @@ def xla_exits(children: Sequence[ChildExit], files: AttemptFiles, world_size: in
 
     ``children`` are the processes the leader saw; ``stopped_all`` says the launcher ended the
     leader's whole group, so a replica with no exit on record was stopped, not lost.
+
+    Without that decision, the only signals the pool's processes get are the pool's own reaction
+    to a process that died (a broken pool terminates the rest) and the reap at the end. A process
+    that exited with a status of 0 or more was not ended by them (no signal's default action
+    exits so, and xlaunch's stop handler ends of the signal): what it ended of was its own.
     """
     by_pid: dict[int, ChildExit] = {child.pid: child for child in children if child.pid}
     ranks_of: dict[int, list[int]] = {}
@@ -86,6 +91,8 @@ def xla_exits(children: Sequence[ChildExit], files: AttemptFiles, world_size: in
         child = by_pid.get(pid) or ChildExit(pid, None)
         if stopped_all and child.exitcode is None:
             child = ChildExit(pid, None, frozenset({signal.SIGKILL}))
+        elif not stopped_all and child.exitcode is not None and child.exitcode >= 0:
+            child = ChildExit(pid, child.exitcode)  # signals that reached it as it ended
         for rank in ranks:
             exits[rank] = _rank_exit(rank, child, files, tails.get(rank, ""))
     # A process that died before it learnt its rank gets one no other process has.
