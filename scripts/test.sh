@@ -53,9 +53,4 @@ torch_tpu_tier() {
 if [ -d tests/torch_tpu ] && [ "${XLAUNCH_SKIP_TORCH_TPU:-0}" != 1 ]; then
   torch_tpu_tier
 fi
-# Legacy TPU Nodes: the real cloud-tpu-client (old protobuf and Google API pins) in its own venv,
-# talking to a loopback stand-in for the TPU API.
-NPY=$(checkout_venv tpu-node requirements/tpu-node.txt)
-run_tier "TPU Node tier (cloud-tpu-client against a loopback stub)" \
-  "$NPY" -m pytest tests/test_tpu_layout.py -q -p no:cacheprovider -k tpu_node
 exit $status

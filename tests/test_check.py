@@ -38,7 +38,7 @@ def test_check_passes_on_two_cpu_processes_with_every_step_timed():
     rows = lines[1:-1]
     assert [row.split()[1] for row in rows] == ALL_STEPS, result.stdout
     assert all(row.split()[0] == "ok" and " s  " in row for row in rows), result.stdout
-    assert "2 CPU processes through torch elastic" in rows[0]
+    assert "2 CPU processes through torch.multiprocessing" in rows[0]
     assert "2 rank(s) started" in rows[1] and "sum 3 on every rank" in rows[2]
     assert "none in the 4 steady steps" in rows[4], rows[4]
     assert lines[-1].startswith("xlaunch check: ok, every step held")

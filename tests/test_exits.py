@@ -1,90 +1,76 @@
 """`backends.exits`: what each process left, turned into each rank's `RankExit`, as data.
 
-No processes: the facts a launcher saw (pid, exit status, signals sent) and the files workers
-wrote (pid and rank, records, stacks, "returned" marks) are written out by hand.
+No processes: the facts the launch's owner kept (pid, exit status, the signals it sent that
+reached the process alive) and the files workers wrote (pid and rank, records, stacks, marks)
+are written out by hand.
 """
 
 from __future__ import annotations
 
 import signal
 
-from xlaunch.backends.exits import AttemptFiles, ChildExit, elastic_exits, xla_exits
+from xlaunch.backends.exits import AttemptFiles, dist_exits, xla_exits
+from xlaunch.backends.processes import ProcessEnd
 from xlaunch.result.errors import ProcessFailure
+from xlaunch.result.outcome import classify
 
-KILL = signal.SIGKILL
-
-
-def test_each_attempt_takes_its_share_of_the_processes_in_start_order():
-    children = [ChildExit(10, 1), ChildExit(11, -KILL, frozenset({KILL})),  # attempt 0
-                ChildExit(20, 0), ChildExit(21, 0)]  # attempt 1
-    record = ProcessFailure(rank=0, exc_type="ValueError", message="bad")
-    attempts = [AttemptFiles(places={0: (10, 0), 1: (11, 1)}, records={0: record}),
-                AttemptFiles(places={0: (20, 0), 1: (21, 1)}, returned=frozenset({0, 1}))]
-    first, second = elastic_exits(children, attempts, per_attempt=2, rank_offset=0)
-    assert [(e.rank, e.pid, e.exitcode) for e in first] == [(0, 10, 1), (1, 11, -KILL)]
-    assert first[0].record is record and first[1].signals_sent == {KILL}
-    assert [e.returned for e in second] == [True, True] and second[0].record is None
+KILL, TERM = signal.SIGKILL, signal.SIGTERM
 
 
-def test_a_process_that_died_before_writing_its_pid_gets_its_place_by_start_order():
+def test_the_nth_process_started_is_local_rank_n_whatever_it_wrote():
     # Node 1 of 2 (ranks 2-3): local rank 0 wrote its pid file, local rank 1 died at once.
-    children = [ChildExit(30, 1), ChildExit(31, -signal.SIGSEGV)]
-    files = AttemptFiles(places={2: (30, 0)})
-    (exits,) = elastic_exits(children, [files], per_attempt=2, rank_offset=0)
+    ends = [ProcessEnd(30, 1), ProcessEnd(31, -signal.SIGSEGV)]
+    record = ProcessFailure(rank=2, exc_type="ValueError", message="bad")
+    files = AttemptFiles(places={2: (30, 0)}, records={2: record})
+    exits = dist_exits(ends, files, rank_offset=2)
     assert [(e.rank, e.pid, e.exitcode) for e in exits] == [(2, 30, 1), (3, 31, -signal.SIGSEGV)]
+    assert exits[0].record is record and exits[1].record is None
 
 
-def test_with_no_files_the_offset_given_places_the_ranks():
-    (exits,) = elastic_exits([ChildExit(40, -KILL), ChildExit(41, -KILL)], [],
-                             per_attempt=2, rank_offset=4)
-    assert [e.rank for e in exits] == [4, 5]
-
-
-def test_a_rank_seen_only_through_its_own_files_is_kept():
-    files = AttemptFiles(places={0: (50, 0), 1: (51, 1)})
-    (exits,) = elastic_exits([ChildExit(50, 0)], [files], per_attempt=2, rank_offset=0)
-    assert [(e.rank, e.pid, e.exitcode) for e in exits] == [(0, 50, 0), (1, 51, None)]
+def test_marks_reach_their_rank_and_pid():
+    ends = [ProcessEnd(40, 0), ProcessEnd(41, 0, frozenset({TERM}))]
+    files = AttemptFiles(returned=frozenset({0}), cancelled=frozenset({1}),
+                         terminated=frozenset({41}))
+    first, second = dist_exits(ends, files, rank_offset=0)
+    assert first.returned and not first.cancelled and not first.terminated
+    assert second.cancelled and second.terminated and second.signals_sent == {TERM}
 
 
 def test_replicas_sharing_a_process_share_its_end_and_keep_their_own_records():
     record = ProcessFailure(rank=1, exc_type="KeyError", message="x")
     files = AttemptFiles(places={0: (60, 0), 1: (60, 1), 2: (61, 0), 3: (61, 1)},
                          records={1: record}, stacks={3: "stack of 3"})
-    children = [ChildExit(60, 1), ChildExit(61, 0)]
-    exits = xla_exits(children, files, world_size=4, tails={1: "tail 1"}, stopped_all=False)
+    ends = [ProcessEnd(60, 1), ProcessEnd(61, 0)]
+    exits = xla_exits(ends, files, world_size=4, tails={1: "tail 1"})
     assert [(e.rank, e.pid, e.exitcode) for e in exits] == [(0, 60, 1), (1, 60, 1), (2, 61, 0),
                                                            (3, 61, 0)]
     assert exits[1].record is record and exits[0].record is None
     assert exits[1].stderr_tail == "tail 1" and exits[3].stack == "stack of 3"
 
 
-def test_when_the_launcher_ended_everything_an_unseen_end_counts_as_its_kill():
-    files = AttemptFiles(places={0: (70, 0), 1: (71, 1)})
-    exits = xla_exits([ChildExit(70, 0)], files, world_size=2, tails={}, stopped_all=True)
-    assert exits[0].signals_sent == frozenset() and exits[0].exitcode == 0
-    assert exits[1].exitcode is None and exits[1].signals_sent == {KILL}
-    unseen = xla_exits([ChildExit(70, 0)], files, world_size=2, tails={}, stopped_all=False)
-    assert unseen[1].signals_sent == frozenset()
+def test_an_engines_process_is_known_by_the_pid_it_wrote_as_it_began():
+    # xmp.spawn's pool started 70 and 71; the owner never held them, they said they began.
+    files = AttemptFiles(places={0: (70, 0)}, processes=frozenset({70, 71}))
+    exits = xla_exits([], files, world_size=2, tails={})
+    assert [(e.rank, e.pid, e.exitcode) for e in exits] == [(0, 70, None), (1, 71, None)]
 
 
 def test_a_process_that_died_before_it_learnt_its_rank_gets_a_rank_no_other_has():
     files = AttemptFiles(places={0: (80, 0)})
-    children = [ChildExit(80, 0), ChildExit(81, -signal.SIGABRT), ChildExit(82, 0)]
-    exits = xla_exits(children, files, world_size=2, tails={}, stopped_all=False)
+    ends = [ProcessEnd(80, 0), ProcessEnd(81, -signal.SIGABRT), ProcessEnd(82, 0)]
+    exits = xla_exits(ends, files, world_size=2, tails={})
     assert [(e.rank, e.pid) for e in exits] == [(0, 80), (1, 81)]  # a clean exit is not listed
     assert exits[1].exitcode == -signal.SIGABRT
+    # An engine's process the owner stopped before it learnt its rank is no failure of its own.
+    stopped = AttemptFiles(processes=frozenset({83}))
+    assert xla_exits([ProcessEnd(83, None, frozenset({TERM}), adopted=True)], stopped, 1, {}) == ()
 
 
-def test_signals_that_reached_a_replica_as_it_ended_by_itself_are_not_the_cause():
-    # os._exit(0) in a replica breaks xmp.spawn's pool, which then terminates its processes: on a
-    # busy machine the dying replica is not reaped yet and the SIGTERM is noted on it. It exited 0:
-    # no signal ended it. Only a stop the launcher decided (stopped_all) makes it the launcher's.
-    files = AttemptFiles(places={0: (90, 0)})
-    ended = [ChildExit(90, 0, frozenset({signal.SIGTERM, KILL}))]
-    (own,) = xla_exits(ended, files, world_size=1, tails={}, stopped_all=False)
-    assert own.exitcode == 0 and own.signals_sent == frozenset()
-    (stopped,) = xla_exits(ended, files, world_size=1, tails={}, stopped_all=True)
-    assert stopped.signals_sent == {signal.SIGTERM, KILL}
-    killed = [ChildExit(90, -KILL, frozenset({KILL}))]  # a signal that did end it stays
-    (gone,) = xla_exits(killed, files, world_size=1, tails={}, stopped_all=False)
-    assert gone.signals_sent == {KILL}
+def test_an_engines_process_the_pool_terminated_is_stopped_not_its_own_death():
+    # A pool process died of the OOM killer (no record, no mark); the broken pool then sent
+    # SIGTERM to the other, whose handler wrote its "terminated" mark. The owner sent nothing.
+    files = AttemptFiles(places={0: (90, 0), 1: (91, 0)}, processes=frozenset({90, 91}),
+                         terminated=frozenset({91}))
+    dead, stopped = xla_exits([], files, world_size=2, tails={})
+    assert classify(dead, timed_out=False) == "died"
+    assert classify(stopped, timed_out=False) == "stopped"

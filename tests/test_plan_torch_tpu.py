@@ -40,7 +40,7 @@ def test_a_v5e_8_plans_eight_spawned_tpu_dist_processes(tmp_path: Path) -> None:
     assert (spec.dist_backend, spec.start_method, spec.topology, spec.loopback_only) == (
         "tpu_dist", "spawn", "2,4,1", True)
     assert launch.dist_backend == "tpu_dist"
-    assert launch.summary() == "8 TPU devices through TorchTPU on torch elastic (tpu_dist, spawn)"
+    assert launch.summary() == "8 TPU devices through TorchTPU (tpu_dist, spawn)"
     # Four processes take TorchTPU's 2x2 sub-slice.
     assert plan(tpu(tmp_path), num_processes=4).spec.topology == "2,2,1"
 

@@ -45,7 +45,7 @@ def notebook_launcher(
     """Run ``function(*args)`` in every process of this machine; return local process 0's result.
 
     The path comes from `detect()`: every TPU core through torch_xla, else every GPU, else CPU
-    processes, through torch elastic. Failures arrive as `LaunchError`, root cause first.
+    processes (torch elastic's rendezvous across machines). Failures arrive as `LaunchError`, root cause first.
 
     Args:
         function: called as ``function(*args)`` in every process; read the rank from

@@ -10,11 +10,16 @@ from typing import Literal
 
 # Variables the launcher sets in each worker, read there by `ProcessState` and the worker.
 MIXED_PRECISION_VAR = "XLAUNCH_MIXED_PRECISION"
-WORLD_VAR = "XLAUNCH_WORLD"  # "xla" inside XLA replicas: tells ProcessState which world it is in
+# "xla:<pid>" inside XLA replicas (the pid of the replica's process: a process it starts is not
+# a replica, and a value preset in the caller is nobody's): tells ProcessState its world.
+WORLD_VAR = "XLAUNCH_WORLD"
 RESTART_VAR = "XLAUNCH_RESTART_COUNT"  # which attempt this is, on every path
 STORE_DIR_VAR = "XLAUNCH_STORE_DIR"  # one machine: where a script's own process group meets
+# Every variable xlaunch sets for its workers: each worker gets them from its launch alone.
+WORKER_VARS = (MIXED_PRECISION_VAR, WORLD_VAR, RESTART_VAR, STORE_DIR_VAR)
 
-CANCELLED_EXIT = 75  # a worker that found its launch already stopped exits at once with this
+# No exit status is xlaunch's own: a worker says what happened to it in its launch folder, so a
+# user's os._exit(N) is never read as anything but the user's.
 
 # What a plan may say; mypy checks every table keyed by them.
 PathName = Literal["xla", "torch_tpu", "elastic", "inline"]

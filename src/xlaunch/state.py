@@ -7,8 +7,9 @@ access (a few environment and ``sys.modules`` look-ups) keeps one object valid o
 fork, and lets decorators applied before the launch decide in the worker, at call time.
 
 The XLA queries initialise the XLA runtime, after which ``xmp.spawn`` refuses to run in that
-process. They are therefore made only inside an XLA world: a worker the launcher marked with
-``XLAUNCH_WORLD=xla``, or a process whose runtime is already initialised (a user's own spawn).
+process. They are therefore made only inside an XLA world: a replica's process the launcher marked
+(``XLAUNCH_WORLD=xla:<its pid>``), or a process whose runtime is already initialised (a user's own
+spawn).
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ class _World(NamedTuple):
 
 
 def _in_xla_world() -> bool:
-    return os.environ.get(WORLD_VAR) == "xla" or _compat.xla_runtime_is_initialized()
+    # The launcher marks each replica's own process (a value preset in the caller, or inherited by
+    # a process a replica starts, names another pid and is ignored).
+    return (os.environ.get(WORLD_VAR) == f"xla:{os.getpid()}"
+            or _compat.xla_runtime_is_initialized())
 
 
 def _xla_world() -> _World:

@@ -5,9 +5,13 @@ plan says, stops it at the plan's timeout or the caller's interrupt, and hands b
 process left, for `xlaunch.result.judge`. One module or package per path:
 
 - `xla`: TPU cores (and XLA's CPU/GPU devices) through torch_xla's ``xmp.spawn``;
-- `torch_tpu`: TPU devices through TorchTPU, on torch elastic's agent (`elastic` with extras);
-- `elastic`: GPUs and CPU processes through torch elastic's agent;
+- `torch_tpu`: TPU devices through TorchTPU (`elastic`, with TorchTPU's variables and worker);
+- `elastic`: GPUs and CPU processes: torch's process layer on one machine, torch elastic's
+  rendezvous across several;
 - `inline`: one process, the caller's own.
+
+Every process a launch starts has one owner, `processes.ProcessSet`: it starts them, stops them
+and records why; `supervise` runs an attempt in a launch thread and restarts (`run_attempts`).
 """
 
 from __future__ import annotations
@@ -40,17 +44,16 @@ INLINE: Backend[InlineSpec] = inline.launch
 def carry_out(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Outcome:
     """The one dispatch on the plan's spec: its type names the backend.
 
-    One launch at a time per process: a launch sets process-wide state while it starts its
-    workers (the environment they inherit, the temporary directory the engine writes to,
-    multiprocessing's record of children), so a second launch from another thread is refused at
-    once rather than left to tangle with the first. A launch from inside a launch's own thread
-    (a one-process launch's function launching again) is allowed.
+    One launch at a time per process: torch_xla's forked pool takes its job from a module-level
+    slot and its processes are set up by an at-fork hook, and a one-process launch runs in the
+    caller with the launch's variables, so a second launch from another thread is refused at once
+    rather than left to tangle with the first. A launch from inside a launch's own thread (a
+    one-process launch's function launching again) is allowed.
     """
     if not _LAUNCHING.acquire(blocking=False):
         raise RuntimeError(
             "another launch is already running in this process (started from another thread): "
-            "xlaunch runs one launch at a time per process, because a launch sets process-wide "
-            "state (environment variables, the temporary directory) while its workers start. "
+            "xlaunch runs one launch at a time per process. "
             "Wait for it to finish (join its thread), or start the second launch in a separate "
             "process.")
     try:

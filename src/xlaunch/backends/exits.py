@@ -1,31 +1,21 @@
 """From what the processes of a launch left to each rank's `RankExit`: pure, tested as data.
 
-Two kinds of facts meet here: what the launcher saw of each process it (or its engine) started -
-pid, exit status, the signals sent to it - and what each worker wrote in its attempt's folder -
-its pid and rank, its exception, its stack. A worker that died before writing anything is still
-known by its place in the start order, which the engines keep: one process per local rank,
-local rank 0 first, attempt after attempt.
+Two kinds of facts meet here: what the launch's owner (`processes.ProcessSet`) knows of each
+process - pid, exit status, the signals it sent that reached the process alive - and what each
+worker wrote in its attempt's folder about itself: its pid and rank, its exception, its stack,
+that its function returned, that it found the launch stopped, that it received SIGTERM.
 """
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xlaunch.backends.processes import ProcessEnd
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import RankExit
-from xlaunch.worker.launch_dir import read_failures, read_stacks, returned_ranks, worker_places
-
-
-@dataclass(frozen=True)
-class ChildExit:
-    """One started process as its parent saw it."""
-
-    pid: int | None
-    exitcode: int | None  # None: still running; negative: the signal it died of
-    signals_sent: frozenset[int] = frozenset()
+from xlaunch.worker.launch_dir import noted, read_failures, read_stacks, worker_places
 
 
 @dataclass(frozen=True)
@@ -36,76 +26,57 @@ class AttemptFiles:
     records: Mapping[int, ProcessFailure] = field(default_factory=dict)
     stacks: Mapping[int, str] = field(default_factory=dict)
     returned: frozenset[int] = frozenset()  # ranks whose function returned
+    cancelled: frozenset[int] = frozenset()  # ranks that found the launch stopped, ran nothing
+    terminated: frozenset[int] = frozenset()  # pids that received SIGTERM
+    processes: frozenset[int] = frozenset()  # pids of an engine's processes, as each began
 
     @classmethod
     def read(cls, folder: Path | None) -> AttemptFiles:
         if folder is None or not folder.exists():
             return cls()
         return cls(worker_places(folder), read_failures(folder), read_stacks(folder),
-                   returned_ranks(folder))
+                   noted(folder, "returned"), noted(folder, "cancelled"),
+                   noted(folder, "terminated"), noted(folder, "process"))
 
 
-def elastic_exits(children: Sequence[ChildExit], attempts: Sequence[AttemptFiles],
-                  per_attempt: int, rank_offset: int) -> list[tuple[RankExit, ...]]:
-    """Each attempt's ranks, oldest attempt first.
-
-    The engine starts ``per_attempt`` processes per attempt in local-rank order, so the n-th
-    process started belongs to attempt n // per_attempt. Its global rank comes from its own pid
-    file; failing that, from the offset its peers' pid files show (rank - local rank).
-    """
-    count = max(len(attempts), -(-len(children) // per_attempt) if per_attempt else 0)
-    result = []
-    for index in range(count):
-        files = attempts[index] if index < len(attempts) else AttemptFiles()
-        started = children[index * per_attempt:(index + 1) * per_attempt]
-        by_pid = {pid: rank for rank, (pid, _) in files.places.items()}
-        offset = next((rank - local for rank, (_, local) in files.places.items()), rank_offset)
-        exits = {}
-        for local, child in enumerate(started):
-            rank = by_pid.get(child.pid, offset + local) if child.pid else offset + local
-            exits[rank] = _rank_exit(rank, child, files)
-        for rank, (pid, _) in files.places.items():  # seen only through its own files
-            exits.setdefault(rank, _rank_exit(rank, ChildExit(pid, None), files))
-        result.append(tuple(exits[rank] for rank in sorted(exits)))
-    return result
+def dist_exits(ends: Sequence[ProcessEnd], files: AttemptFiles,
+               rank_offset: int) -> tuple[RankExit, ...]:
+    """The ranks of one attempt whose processes the owner started, one per local rank in order:
+    the n-th process started is local rank n, whatever it wrote or failed to write."""
+    return tuple(rank_exit(rank_offset + local, end, files) for local, end in enumerate(ends))
 
 
-def xla_exits(children: Sequence[ChildExit], files: AttemptFiles, world_size: int,
-              tails: Mapping[int, str], stopped_all: bool) -> tuple[RankExit, ...]:
+def xla_exits(ends: Sequence[ProcessEnd], files: AttemptFiles, world_size: int,
+              tails: Mapping[int, str]) -> tuple[RankExit, ...]:
     """The replicas of one XLA launch; several ranks share a process on v2/v3 chips.
 
-    ``children`` are the processes the leader saw; ``stopped_all`` says the launcher ended the
-    leader's whole group, so a replica with no exit on record was stopped, not lost.
-
-    Without that decision, the only signals the pool's processes get are the pool's own reaction
-    to a process that died (a broken pool terminates the rest) and the reap at the end. A process
-    that exited with a status of 0 or more was not ended by them (no signal's default action
-    exits so, and xlaunch's stop handler ends of the signal): what it ended of was its own.
+    The processes are the owner's own (a launch leader, the SPMD process) and the engine's (the
+    pool ``xmp.spawn`` starts), each known by its pid; which ranks a process ran is in the pid
+    files its replicas wrote.
     """
-    by_pid: dict[int, ChildExit] = {child.pid: child for child in children if child.pid}
+    by_pid = {end.pid: end for end in ends if end.pid}
+    for pid in sorted(files.processes - set(by_pid)):
+        by_pid[pid] = ProcessEnd(pid, None, adopted=True)
     ranks_of: dict[int, list[int]] = {}
     for rank, (pid, _) in files.places.items():
         ranks_of.setdefault(pid, []).append(rank)
     exits = {}
     for pid, ranks in ranks_of.items():
-        child = by_pid.get(pid) or ChildExit(pid, None)
-        if stopped_all and child.exitcode is None:
-            child = ChildExit(pid, None, frozenset({signal.SIGKILL}))
-        elif not stopped_all and child.exitcode is not None and child.exitcode >= 0:
-            child = ChildExit(pid, child.exitcode)  # signals that reached it as it ended
+        end = by_pid.get(pid) or ProcessEnd(pid, None, adopted=True)
         for rank in ranks:
-            exits[rank] = _rank_exit(rank, child, files, tails.get(rank, ""))
-    # A process that died before it learnt its rank gets one no other process has.
+            exits[rank] = rank_exit(rank, end, files, tails.get(rank, ""))
+    # A process that ended before it learnt its rank gets one no other process has.
     spare = iter(sorted(set(range(world_size + len(by_pid))) - set(exits)))
-    for pid, child in by_pid.items():
-        if pid not in ranks_of and child.exitcode not in (0, None):
+    for pid, end in by_pid.items():
+        if pid not in ranks_of and end.exitcode != 0 and not (end.adopted and end.signals_sent):
             rank = next(spare)
-            exits[rank] = _rank_exit(rank, child, files, tails.get(rank, ""))
+            exits[rank] = rank_exit(rank, end, files, tails.get(rank, ""))
     return tuple(exits[rank] for rank in sorted(exits))
 
 
-def _rank_exit(rank: int, child: ChildExit, files: AttemptFiles, tail: str = "") -> RankExit:
-    return RankExit(rank=rank, pid=child.pid, exitcode=child.exitcode,
-                    record=files.records.get(rank), signals_sent=child.signals_sent,
+def rank_exit(rank: int, end: ProcessEnd, files: AttemptFiles, tail: str = "") -> RankExit:
+    return RankExit(rank=rank, pid=end.pid, exitcode=end.exitcode,
+                    record=files.records.get(rank), signals_sent=end.signals_sent,
                     stack=files.stacks.get(rank, ""), stderr_tail=tail,
-                    returned=rank in files.returned)
+                    returned=rank in files.returned, cancelled=rank in files.cancelled,
+                    terminated=end.pid in files.terminated)

@@ -25,7 +25,7 @@ from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import Outcome, RankExit
 from xlaunch.result.report import RankReport
 from xlaunch.worker.measure import dynamo_since, peak_rss_bytes
-from xlaunch.worker.rank import to_cpu
+from xlaunch.worker.value import to_cpu
 
 
 class _Expired(BaseException):

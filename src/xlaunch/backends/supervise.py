@@ -11,16 +11,36 @@ finishes the import it was in and starts nothing).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from xlaunch import _compat
-from xlaunch.worker.process_tree import ProcessTree
+from xlaunch.result.outcome import Outcome, judge
 
 POLL_S = 0.05
+
+
+def run_attempts(max_restarts: int, timeout: float | None,
+                 one_attempt: Callable[[int, float | None], Outcome]) -> Outcome:
+    """Every path's restarts, one loop: attempt after attempt until one succeeds, the launch's
+    time is up, or ``max_restarts`` are spent. ``one_attempt(number, seconds left)`` ends only
+    once every process of that attempt is gone; the last attempt's outcome keeps the earlier
+    ones' exits (`LaunchError.earlier_attempts`)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    earlier: list[tuple] = []  # type: ignore[type-arg]
+    attempt = 0
+    while True:
+        remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
+        outcome = dataclasses.replace(one_attempt(attempt, remaining),
+                                      earlier_attempts=tuple(earlier))
+        if (attempt >= max_restarts or outcome.timed_out or outcome.leader_failure is not None
+                or judge(outcome) is None):
+            return outcome
+        earlier.append(outcome.exits)
+        attempt += 1
 
 
 class Supervised(Protocol):
@@ -84,27 +104,3 @@ def signals_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if caught:
         raise KeyboardInterrupt
-
-
-def stop_processes(children: Sequence[_compat.Child], tree: ProcessTree | None,
-                   grace: float) -> None:
-    """Every stop: SIGTERM to each process of the launch, SIGKILL to what still runs after ``grace``.
-
-    A worker that handles SIGTERM (an `xlaunch.on_stop` callback, its own handler) saves its
-    checkpoint meanwhile; one without a handler ends at once; one that ignores it ends at the
-    grace's end. What the workers started themselves, in the launch's process group, gets the
-    same SIGTERM and the same SIGKILL.
-    """
-    started = list(children)
-    for child in started:
-        child.send(signal.SIGTERM)
-    if tree is not None:
-        tree.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and not all(
-            child.exitcode is not None or _compat.has_ended(child.pid) for child in started):
-        time.sleep(POLL_S / 5)
-    for child in started:
-        child.send(signal.SIGKILL)
-    if tree is not None:
-        tree.kill()

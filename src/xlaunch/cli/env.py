@@ -150,7 +150,7 @@ def _plan_rows(plan: dict[str, Any]) -> dict[str, Any]:
         changes += [f"-{name}" for name in spec["unset_env"]]
         rows.update({"threads per process": spec["threads_per_process"],
                      "start method": spec["start_method"],
-                     "PJRT device": spec["pjrt_device"] or "(TPU Node: XRT)",
+                     "PJRT device": spec["pjrt_device"],
                      "compile cache": spec["compile_cache"] or "off",
                      "restarts": spec["max_restarts"],
                      "worker environment": " ".join(changes) or None})

@@ -83,20 +83,28 @@ def _xla_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
         raise ValueError(
             "num_nodes > 1 does not apply to TPUs: on a TPU pod run the same launch on every host "
             "(for example `gcloud compute tpus tpu-vm ssh --worker=all`); torch_xla forms the world.")
+    if env.legacy_tpu_node:
+        raise RuntimeError(TPU_NODE)
     if env.tpu_holders:
         raise RuntimeError(held(env))
     layout = tpu_layout(env, options.num_processes)
-    notes = ("legacy TPU Node runtime (remote TPU, no local chips)",) if env.legacy_tpu_node else ()
     template = options.log_line_prefix_template
     spec = XlaSpec(
         threads_per_process=layout.threads_per_process, nprocs=layout.nprocs,
-        pjrt_device=None if env.legacy_tpu_node else PJRT_DEVICES.get(env.accelerator, "CPU"),
+        pjrt_device=PJRT_DEVICES.get(env.accelerator, "CPU"),
         start_method=cast(StartMethod, options.start_method or "fork"), worker_env=layout.env,
-        unset_env=layout.unset_env, legacy_tpu_node=env.legacy_tpu_node,
+        unset_env=layout.unset_env,
         line_prefix=template if template is not None else XlaSpec.line_prefix,
         max_restarts=options.max_restarts, compile_cache=compile_cache(env, options.compile_cache))
     return LaunchPlan(env.accelerator, layout.processes, layout.replicas, spec,
-                      notes=notes + layout.notes, **common(options))
+                      notes=layout.notes, **common(options))
+
+
+TPU_NODE = (
+    "This runtime is a legacy TPU Node (COLAB_TPU_ADDR / TPU_NAME name a remote TPU; this machine "
+    "has no TPU chips), which only torch_xla 2.0 and older could use, and Google ended TPU Nodes in "
+    "2025: xlaunch needs a TPU VM. Switch the runtime to one (Colab: Runtime > Change runtime "
+    "type > a v5e or v6e TPU; Kaggle: a TPU v3-8 or v5e-8 accelerator).")
 
 
 def compile_cache(env: Environment, asked: bool | str | os.PathLike[str] | None) -> str | None:
@@ -169,7 +177,7 @@ def _torch_plan(accelerator: Accelerator, count: int, dist_backend: DistBackend,
 
 
 def engine_fields(options: LaunchOptions) -> dict[str, Any]:
-    """What every launch on torch elastic's agent takes from the options, as spec fields."""
+    """What every launch whose workers form a torch.distributed group takes from the options."""
     interval = options.monitor_interval
     return dict(
         port=int(options.use_port),
@@ -186,7 +194,7 @@ def engine_fields(options: LaunchOptions) -> dict[str, Any]:
 
 
 def torch_tpu_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
-    """TorchTPU: spawned processes, one per device, on torch elastic; checked against its tables."""
+    """TorchTPU: spawned processes, one per device; checked against its tables."""
     refuse_fp16_on_tpu(options)
     if env.tpu_holders:
         raise RuntimeError(held(env))

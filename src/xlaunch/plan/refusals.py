@@ -76,7 +76,7 @@ _WHY_UNUSED = {
 
 def refuse_unused(plan: LaunchPlan, options: LaunchOptions) -> None:
     given = options.given()
-    if plan.path in ("elastic", "torch_tpu"):  # both on torch elastic's agent
+    if plan.path in ("elastic", "torch_tpu"):  # workers that form a torch.distributed group
         unused = {"compile_cache"} if given.get("compile_cache") not in (None, False) else set()
         if plan.num_nodes == 1 and not options.rdzv_endpoint:
             unused |= {"master_addr"} if "master_addr" in given else set()

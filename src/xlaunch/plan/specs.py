@@ -21,8 +21,8 @@ from xlaunch.names import (
 FAST_MONITOR_INTERVAL = 0.01
 PATHS: dict[PathName, str] = {
     "xla": "torch_xla xmp.spawn",
-    "torch_tpu": "TorchTPU on torch.distributed.elastic",
-    "elastic": "torch.distributed.elastic",
+    "torch_tpu": "TorchTPU: torch.multiprocessing, torch elastic's rendezvous across hosts",
+    "elastic": "torch.multiprocessing; torch elastic's rendezvous across machines",
     "inline": "in the calling process, no worker processes",
 }
 
@@ -34,11 +34,10 @@ class XlaSpec:
     path: ClassVar[PathName] = "xla"
     threads_per_process: int  # replicas per process (2 on v2/v3 chips)
     nprocs: int | None  # xmp.spawn's nprocs: None spawns the layout, 1 runs one replica
-    pjrt_device: str | None  # PJRT_DEVICE for the replicas; None on a legacy TPU Node
+    pjrt_device: str  # PJRT_DEVICE for the replicas
     start_method: StartMethod = "fork"
     worker_env: Mapping[str, str] = field(default_factory=dict)  # set in every replica
     unset_env: tuple[str, ...] = ()  # removed before the replicas start
-    legacy_tpu_node: bool = False  # a remote TPU Node (torch_xla <= 2.0 only)
     line_prefix: str | None = "[rank ${rank}] "  # None: output is not prefixed
     max_restarts: int = 0  # the whole launch runs again after a failure, up to this many times
     compile_cache: str | None = None  # torch_xla's persistent compilation cache; None: off
@@ -46,7 +45,7 @@ class XlaSpec:
 
 @dataclass(frozen=True)
 class ElasticSpec:
-    """GPUs or CPU processes through torch elastic's agent."""
+    """GPUs or CPU processes: torch.multiprocessing, torch elastic's rendezvous across machines."""
 
     path: ClassVar[PathName] = "elastic"
     dist_backend: DistBackend
@@ -74,7 +73,7 @@ class ElasticSpec:
 
 @dataclass(frozen=True)
 class TorchTpuSpec(ElasticSpec):
-    """TPU devices through TorchTPU, on torch elastic's agent: one spawned process per device.
+    """TPU devices through TorchTPU: one spawned process per device, as on the elastic path.
 
     TorchTPU's own launch variables (``set_tpu_launch_env``: slice-builder ports, topology) and
     its handshake port are chosen when the launch starts, not here: a plan binds and probes
@@ -146,7 +145,7 @@ class LaunchPlan:
                      "cpu": ("CPU process", "CPU processes")}[self.accelerator]
         if isinstance(spec, XlaSpec) and self.accelerator != "tpu":
             # XLA's CPU or GPU devices: replicas are devices, several may share one process
-            device = f"XLA {spec.pjrt_device or ''} device".replace("  ", " ")
+            device = f"XLA {spec.pjrt_device} device"
             one, many = device, f"{device}s"
         text = f"{count} {one if count == 1 else many}"
         if isinstance(spec, XlaSpec):
@@ -154,14 +153,15 @@ class LaunchPlan:
             text += f" through torch_xla ({processes}"
             text += f" x {spec.threads_per_process} threads)" if spec.threads_per_process > 1 else ")"
         elif isinstance(spec, TorchTpuSpec):
-            text = f"{count} TPU device{'' if count == 1 else 's'} through TorchTPU on torch " \
-                   f"elastic ({spec.dist_backend}, {spec.start_method})"
+            text = f"{count} TPU device{'' if count == 1 else 's'} through TorchTPU " \
+                   f"({spec.dist_backend}, {spec.start_method})"
             if self.num_nodes > 1:
                 text += f" on host {spec.node_rank} of {self.num_nodes}"
         elif isinstance(spec, ElasticSpec):
-            text += f" through torch elastic ({spec.dist_backend}, {spec.start_method})"
+            text += f" through torch.multiprocessing ({spec.dist_backend}, {spec.start_method})"
             if self.num_nodes > 1:
-                text += f" on node {spec.node_rank} of {self.num_nodes}"
+                text += f" on node {spec.node_rank} of {self.num_nodes} (torch elastic's " \
+                        f"{spec.rdzv_backend} rendezvous)"
         else:
             text += " in this process"
         return text

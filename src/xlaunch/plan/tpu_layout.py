@@ -52,8 +52,6 @@ def tpu_layout(env: Environment, num_processes: int | None) -> TpuLayout:
         raise ValueError(
             "a TPU launch was asked for (XLAUNCH_ACCELERATOR=tpu) but this host has no TPU chips"
         )
-    if env.legacy_tpu_node:
-        return _tpu_node_layout(env, num_processes)
     if env.xla_device != "TPU":
         return _device_layout(env, num_processes)
     return _chip_layout(env, num_processes)
@@ -94,19 +92,6 @@ def _device_layout(env: Environment, num_processes: int | None) -> TpuLayout:
     raise ValueError(
         f"num_processes={num_processes} does not fit this XLA device ({env.xla_device}, "
         f"{count} device(s)); use {_every_or_one(count, 'device')}"
-    )
-
-
-def _tpu_node_layout(env: Environment, num_processes: int | None) -> TpuLayout:
-    """A legacy TPU Node: torch_xla <= 2.0 reaches the remote TPU over XRT, a process per core."""
-    count = env.device_count
-    if num_processes in (None, count):
-        return TpuLayout(count, 1)
-    if num_processes == 1:
-        return TpuLayout(1, 1, nprocs=1)
-    raise ValueError(
-        f"num_processes={num_processes} does not fit this TPU Node ({count} cores); "
-        f"use {_every_or_one(count, 'core')}"
     )
 
 

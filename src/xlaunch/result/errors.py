@@ -10,6 +10,7 @@ message users read in a notebook cell or a terminal.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 import signal
@@ -22,21 +23,37 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from xlaunch.result.report import LaunchReport
 
-# Why a rank appears in a failure: the judgement `outcome.judge` makes from the facts.
-RAISED = "raised"  # raised an exception of its own
-DIED = "died"  # ended by a signal nobody in the launch sent, or exited non-zero without a word
-LOST_PEER = "lost-peer"  # its error says a peer went away: a consequence, never the cause
-STOPPED = "stopped"  # the launcher or its engine ended it after another rank failed
-TIMED_OUT = "timed-out"  # stopped at the launch's timeout; its stack says where it stood
-LEADER = "leader"  # the launch failed before any worker ran (the XLA launch leader)
-FINISHED_EARLY = "finished-early"  # its function returned while peers still waited on it
-# Failures in their own right; the first is the root cause.
-OWN_CAUSES = (RAISED, DIED, LEADER, FINISHED_EARLY)
-LABELS = {
-    RAISED: "failed", DIED: "failed", LEADER: "failed", FINISHED_EARLY: "failed",
-    LOST_PEER: "secondary: lost a peer", STOPPED: "secondary: stopped by the launcher",
-    TIMED_OUT: "stopped at the timeout",
-}
+class Cause(str, enum.Enum):
+    """Why a rank appears in a failure report: the judgement `outcome.judge` makes from the facts.
+
+    Each cause carries its precedence (the root cause is the first failure in its own right, in
+    this order), the label the report shows, and whether it is secondary (a consequence of
+    another rank's failure, never a cause). A str, so ``failure.cause == "raised"`` reads.
+    """
+
+    precedence: int
+    label: str
+    secondary: bool
+
+    def __new__(cls, code: str, precedence: int, label: str, secondary: bool) -> Cause:
+        member = str.__new__(cls, code)
+        member._value_ = code
+        member.precedence, member.label, member.secondary = precedence, label, secondary
+        return member
+
+    LEADER = "leader", 0, "failed", False  # the launch failed before any worker ran
+    DIED = "died", 1, "failed", False  # a signal nobody in the launch sent, or an exit unexplained
+    RAISED = "raised", 2, "failed", False  # raised an exception of its own
+    FINISHED_EARLY = "finished-early", 3, "failed", False  # returned while peers waited on it
+    HELD = "held-by-threads", 4, "finished, held by its own threads", False  # returned, lived on
+    LOST_PEER = "lost-peer", 5, "secondary: lost a peer", True  # its error says a peer went away
+    STOPPED = "stopped", 6, "secondary: stopped by the launcher", True  # after another failed
+    TIMED_OUT = "timed-out", 6, "stopped at the timeout", True  # its stack says where it stood
+
+
+_CAUSES = {cause.value: cause for cause in Cause}
+MESSAGE_LIMIT = 4000  # characters of a rank's message kept in the error; the rest in a file
+TRACEBACK_LIMIT = 24000  # characters of its traceback, likewise
 
 
 @dataclass(frozen=True)
@@ -53,12 +70,13 @@ class ProcessFailure:
     stack: str = ""  # the Python stack at a timeout
     stderr_tail: str = ""  # last lines written to stderr, for processes that died without a word
     error_file: str | None = None
-    cause: str = RAISED
+    cause: Cause = Cause.RAISED
+    full_text: str | None = None  # a file with the whole message and traceback, when cut here
 
     @property
     def secondary(self) -> bool:
         """A consequence of another rank's failure, not a failure in its own right."""
-        return self.cause not in OWN_CAUSES
+        return self.cause.secondary
 
     @property
     def exit_cause(self) -> str:
@@ -73,13 +91,15 @@ class ProcessFailure:
         return f"exit code {self.exitcode}"
 
     def headline(self) -> str:
-        where = "launch leader" if self.cause == LEADER else f"rank {self.rank}"
+        where = "launch leader" if self.cause == Cause.LEADER else f"rank {self.rank}"
         where += f" (pid {self.pid})" if self.pid else ""
         return f"{where}: {self.what()}" if self.what() else where
 
     def what(self) -> str:
-        if self.cause == FINISHED_EARLY:
+        if self.cause == Cause.FINISHED_EARLY:
             return "finished early: its function returned while its peers still waited on it"
+        if self.cause == Cause.HELD:
+            return "its function returned, but threads it started keep its process alive"
         if self.exc_type:
             return f"{self.exc_type}: {self.message}".rstrip().rstrip(":")
         if self.exitcode is None:
@@ -99,8 +119,17 @@ class ProcessFailure:
                    message=exception_text(error), timestamp_ns=time.time_ns(),
                    traceback="".join(traceback.format_exception(type(error), error, tb)))
 
+    def bounded(self) -> tuple[ProcessFailure, str | None]:
+        """This record with its message and traceback cut to a size a notebook shows at once,
+        and the whole text when something was cut (None when nothing was)."""
+        if len(self.message) <= MESSAGE_LIMIT and len(self.traceback) <= TRACEBACK_LIMIT:
+            return self, None
+        whole = f"{self.exc_type}: {self.message}\n\n{self.traceback}"
+        return dataclasses.replace(self, message=_cut(self.message, MESSAGE_LIMIT),
+                                   traceback=_cut(self.traceback, TRACEBACK_LIMIT)), whole
+
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps({**dataclasses.asdict(self), "cause": self.cause.value})
 
     @classmethod
     def from_json(cls, text: str, error_file: str | None = None) -> ProcessFailure:
@@ -108,7 +137,28 @@ class ProcessFailure:
         data: dict[str, Any] = json.loads(text)
         known = {f.name for f in dataclasses.fields(cls)}
         record = cls(**{key: value for key, value in data.items() if key in known})
+        record = dataclasses.replace(record, cause=_CAUSES[str(record.cause)])
         return dataclasses.replace(record, error_file=error_file) if error_file else record
+
+
+def _cut(text: str, limit: int) -> str:
+    """The start and the end of ``text`` (where a message and a traceback say the most)."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 2 // 3, limit // 3
+    return f"{text[:head]}\n... ({len(text) - head - tail} characters cut: the whole text is in " \
+           f"the file the error names) ...\n{text[-tail:]}"
+
+
+def root_cause(failures: Sequence[ProcessFailure]) -> ProcessFailure | None:
+    """The one choice of root cause, for the headline, the report and ``.root_cause`` alike:
+    the first failure in its own right (``failures`` are in precedence order); with none, the
+    first rank that lost a peer (the peer that failed was elsewhere); else nothing."""
+    own = [failure for failure in failures if not failure.secondary]
+    if own:
+        return own[0]
+    lost = [failure for failure in failures if failure.cause == Cause.LOST_PEER]
+    return lost[0] if lost else None
 
 
 def exception_text(error: BaseException) -> str:
@@ -155,16 +205,12 @@ def group_failures(failures: Sequence[ProcessFailure]) -> list[list[ProcessFailu
 def format_failures(failures: Sequence[ProcessFailure], summary: str) -> str:
     """The one formatter: the message users read in a notebook cell or a terminal."""
     lines = [summary]
-    own = any(not failure.secondary for failure in failures)
-    root_shown = False
+    root = root_cause(failures)
     for group in group_failures(failures):
         first = group[0]
-        label = LABELS.get(first.cause, first.cause)
-        # With no failure in its own right, the first peer to lose a peer is all there is.
-        if not root_shown and (not first.secondary or (not own and first.cause == LOST_PEER)):
-            label, root_shown = "root cause", True
+        label = "root cause" if root is not None and root in group else first.cause.label
         pids = [f.pid for f in group if f.pid]
-        where = "launch leader" if first.cause == LEADER else rank_ranges(f.rank for f in group)
+        where = "launch leader" if first.cause == Cause.LEADER else rank_ranges(f.rank for f in group)
         if len(pids) == 1:
             where += f" (pid {pids[0]})"
         lines += ["", f"[{label}] {where}" + (f": {first.what()}" if first.what() else "")]
@@ -181,6 +227,9 @@ def _details(failure: ProcessFailure) -> list[str]:
         lines.append(f"  {failure.message}")
     if failure.traceback and not failure.secondary:
         lines.append(failure.traceback.rstrip())
+    if failure.full_text:
+        lines.append(f"(cut above; the whole message and traceback of rank {failure.rank}: "
+                     f"{failure.full_text})")
     if failure.stack:
         lines.append(f"Python stack of rank {failure.rank} when it was stopped "
                      "(most recent call first):")
@@ -210,22 +259,18 @@ class LaunchError(RuntimeError):
     def _text(self) -> str:
         text = format_failures(self.failures, self.summary)
         for number, attempt in enumerate(self.earlier_attempts, start=1):
-            own = [f for f in attempt if not f.secondary] or attempt
-            if own:
+            first = root_cause(attempt) or (attempt[0] if attempt else None)
+            if first is not None:
                 text += (f"\n\nattempt {number} (restarted) failed first with "
-                         f"{own[0].headline()}")
-                if own[0].traceback:
-                    text += "\n" + own[0].traceback.rstrip()
+                         f"{first.headline()}")
+                if first.traceback:
+                    text += "\n" + first.traceback.rstrip()
         return text
 
     @property
     def root_cause(self) -> ProcessFailure | None:
         """The first rank to fail in its own right; a peer's error when nothing else is known."""
-        own = [f for f in self.failures if not f.secondary]
-        if own:
-            return own[0]
-        lost = [f for f in self.failures if f.cause == LOST_PEER]
-        return lost[0] if lost else None
+        return root_cause(self.failures)
 
     @property
     def exitcode(self) -> int:

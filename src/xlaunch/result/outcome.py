@@ -12,7 +12,10 @@ The root cause is decided from those facts alone, never from when a thread happe
 - a rank that raised failed on its own, unless its error says it lost a peer ("connection closed
   by peer"): that is the consequence of another rank's failure, never its cause;
 - a rank the launcher or the engine stopped (it died of the signal it was sent) is never the cause;
-- a rank that ended with status 0 without its function returning (``os._exit(0)``) failed;
+- a rank that ended with status 0 without its function returning (``os._exit(0)``) failed; no
+  exit status is xlaunch's own, so ``os._exit(75)`` is the user's too;
+- a rank whose function returned but whose process was still alive when a timeout stopped it was
+  held by its own threads (a non-daemon thread it started): that is why the launch did not end;
 - when nothing failed on its own but peers lost a peer, the ranks whose function had returned
   are the cause: they left while the others still waited on them in a collective (the ranks
   called different collectives, ``if rank == 0: evaluate()``);
@@ -27,19 +30,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from xlaunch.names import CANCELLED_EXIT, PathName
+from xlaunch.names import PathName
 from xlaunch.result.errors import (
-    DIED,
-    FINISHED_EARLY,
-    LEADER,
-    LOST_PEER,
-    RAISED,
-    STOPPED,
-    TIMED_OUT,
+    Cause,
     LaunchError,
     LaunchTimeout,
     ProcessFailure,
     rank_ranges,
+    root_cause,
 )
 from xlaunch.result.report import LaunchReport, RankReport
 
@@ -55,12 +53,14 @@ class RankExit:
 
     rank: int
     pid: int | None = None
-    exitcode: int | None = None  # None: not seen ending (still running, or unknown); <0: signal
+    exitcode: int | None = None  # None: not seen ending (an engine's process, or unknown); <0: signal
     record: ProcessFailure | None = None  # the rank's own record of an exception it raised
-    signals_sent: frozenset[int] = frozenset()  # what the launcher or its engine sent it
+    signals_sent: frozenset[int] = frozenset()  # the owner's signals that reached it alive
     stack: str = ""  # where it stood when it was stopped at the timeout
     stderr_tail: str = ""
     returned: bool = False  # the function returned in this rank (its process may linger after)
+    cancelled: bool = False  # it found the launch already stopped and ran nothing
+    terminated: bool = False  # its own record: it received SIGTERM (the owner's, or its engine's)
 
 
 @dataclass(frozen=True)
@@ -79,23 +79,22 @@ class Outcome:
     rank_reports: tuple[RankReport, ...] = ()  # what each rank that ran measured of itself
 
 
-def classify(rank_exit: RankExit, timed_out: bool) -> str | None:
+def classify(rank_exit: RankExit, timed_out: bool) -> Cause | None:
     """Why this rank belongs in a failure report, or None when it finished (or was never hurt)."""
     record = rank_exit.record
     if record is not None:
-        return LOST_PEER if lost_a_peer(record) else RAISED
-    if rank_exit.returned:  # its work was done; what ended the process afterwards hurt nothing
+        return Cause.LOST_PEER if lost_a_peer(record) else Cause.RAISED
+    if rank_exit.cancelled:
         return None
+    stopped = bool(rank_exit.signals_sent)
+    if rank_exit.returned:  # its work was done; only a process it kept alive can be a cause
+        return Cause.HELD if timed_out and stopped else None
     code = rank_exit.exitcode
-    if code == CANCELLED_EXIT:
-        return STOPPED
-    if code is None:  # never seen ending: it was still running when the launch stopped it
-        return TIMED_OUT if timed_out else (STOPPED if rank_exit.signals_sent else None)
-    if code == 0 and signal.SIGTERM not in rank_exit.signals_sent:
-        return DIED  # it ended its process before its function returned: os._exit(0)
-    if rank_exit.signals_sent and not (code < 0 and -code not in rank_exit.signals_sent):
-        return TIMED_OUT if timed_out else STOPPED
-    return DIED
+    if stopped and (code is None or code >= 0 or -code in rank_exit.signals_sent):
+        return Cause.TIMED_OUT if timed_out else Cause.STOPPED
+    if rank_exit.terminated:  # the engine ended it (torch_xla's pool, broken by a peer's death)
+        return Cause.STOPPED
+    return Cause.DIED
 
 
 def lost_a_peer(record: ProcessFailure) -> bool:
@@ -115,27 +114,27 @@ def failures_of(exits: Sequence[RankExit], timed_out: bool,
         cause = classify(rank_exit, timed_out)
         if cause is not None:
             failures.append(_failure(rank_exit, cause))
-    waiting = [f for f in failures if f.cause == LOST_PEER]
+    waiting = [f for f in failures if f.cause == Cause.LOST_PEER]
     whole = world_size is None or len(exits) >= world_size
     if waiting and whole and all(f.secondary for f in failures):
         failures += [_finished_early(e, waiting) for e in exits if e.returned]
     return sorted(failures, key=_precedence)
 
 
-_ORDER = {LEADER: 0, DIED: 1, RAISED: 2, FINISHED_EARLY: 3, LOST_PEER: 4, STOPPED: 5,
-          TIMED_OUT: 5}
-
-
 def _precedence(failure: ProcessFailure) -> tuple[int, int, int]:
-    timed = failure.cause in (RAISED, LOST_PEER)
-    return (_ORDER[failure.cause], failure.timestamp_ns if timed else 0, failure.rank)
+    timed = failure.cause in (Cause.RAISED, Cause.LOST_PEER)  # the rank's own clock says when
+    return (failure.cause.precedence, failure.timestamp_ns if timed else 0, failure.rank)
 
 
-def _failure(rank_exit: RankExit, cause: str) -> ProcessFailure:
+def _failure(rank_exit: RankExit, cause: Cause) -> ProcessFailure:
     base = rank_exit.record or ProcessFailure(rank=rank_exit.rank)
     message = base.message
-    if cause == DIED and not base.exc_type:
-        message = _died(rank_exit.exitcode or 0)
+    if cause == Cause.DIED and not base.exc_type:
+        message = _died(rank_exit.exitcode)
+    elif cause == Cause.HELD:
+        message = ("its function returned, but its process did not end: threads it started "
+                   "(not daemon threads) keep it alive. Make them daemon threads, or stop and "
+                   "join them before the function returns; their stacks are below")
     # The status a rank meant to exit with is in its own record (``sys.exit(21)``); a process
     # that several replicas share, or that the pool ended afterwards, exits otherwise.
     exitcode = rank_exit.exitcode if rank_exit.record is None else base.exitcode
@@ -145,8 +144,13 @@ def _failure(rank_exit: RankExit, cause: str) -> ProcessFailure:
         message=message, stack=rank_exit.stack, stderr_tail=rank_exit.stderr_tail, cause=cause)
 
 
-def _died(exitcode: int) -> str:
+def _died(exitcode: int | None) -> str:
     """What a death without a Python exception usually means, by the signal that ended it."""
+    if exitcode is None:  # an engine's process: its status went to the engine
+        return ("its process ended without raising a Python exception in the function, and "
+                "nobody in the launch stopped it: killed by a signal (the out-of-memory killer "
+                "does this), a crash in native code, or os._exit(); its last stderr lines may "
+                "say which")
     if exitcode == 0:
         return ("ended its process with status 0 before its function returned: os._exit(0), "
                 "or a library that exits the process; its peers lost it")
@@ -181,18 +185,16 @@ def _finished_early(rank_exit: RankExit, waiting: Sequence[ProcessFailure]) -> P
         message=f"its function returned while its peers still waited on it ({ranks} in a "
                 "collective that this rank never called: the ranks called different "
                 "collectives, for example a barrier or an all-reduce under `if rank == 0:`)",
-        traceback="".join(where), cause=FINISHED_EARLY)
+        traceback="".join(where), cause=Cause.FINISHED_EARLY)
 
 
 def judge(outcome: Outcome, report: LaunchReport | None = None) -> LaunchError | None:
     """The error this outcome amounts to (carrying ``report``), or None when the launch succeeded."""
     attempts = [*outcome.earlier_attempts, outcome.exits]
-    while len(attempts) > 1 and _never_ran(attempts[-1]):
-        attempts.pop()  # started after the launch was stopped: they found it cancelled and left
     exits = attempts[-1]
     earlier = [failures_of(attempt, False, outcome.world_size) for attempt in attempts[:-1]]
     if outcome.leader_failure is not None:
-        leader = dataclasses.replace(outcome.leader_failure, cause=LEADER)
+        leader = dataclasses.replace(outcome.leader_failure, cause=Cause.LEADER)
         return LaunchError(f"the {outcome.path} launch failed before any worker ran",
                            [leader], earlier_attempts=earlier, report=report)
     failures = failures_of(exits, outcome.timed_out, outcome.world_size)
@@ -205,14 +207,8 @@ def judge(outcome: Outcome, report: LaunchReport | None = None) -> LaunchError |
                        report=report)
 
 
-def _never_ran(exits: Sequence[RankExit]) -> bool:
-    """An attempt whose every worker found the launch already stopped, and ran nothing."""
-    return bool(exits) and all(e.exitcode == CANCELLED_EXIT and e.record is None for e in exits)
-
-
 def _summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:
-    own = [f for f in failures if not f.secondary]
-    lead = own[0] if own else failures[0]
+    lead = root_cause(failures) or failures[0]
     text = f"the launch failed: {rank_ranges([lead.rank])} {_verb(lead)}"
     others = len({f.rank for f in failures}) - 1
     if others:
@@ -221,9 +217,10 @@ def _summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:
 
 
 def _verb(failure: ProcessFailure) -> str:
-    if failure.cause == DIED:
-        return f"ended without an exception ({failure.exit_cause})"
-    if failure.cause == FINISHED_EARLY:
+    if failure.cause == Cause.DIED:
+        how = f" ({failure.exit_cause})" if failure.exitcode is not None else ""
+        return f"ended without an exception{how}"
+    if failure.cause == Cause.FINISHED_EARLY:
         return "finished (its function returned) while its peers still waited on it"
     if failure.exc_type:
         return f"raised {failure.exc_type}"
@@ -231,8 +228,11 @@ def _verb(failure: ProcessFailure) -> str:
 
 
 def _timeout_summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:
-    stopped = [f for f in failures if f.cause == TIMED_OUT]
-    where = "" if stopped else " (no worker had started yet)"
+    held = [f.rank for f in failures if f.cause == Cause.HELD]
+    running = [f for f in failures if f.cause == Cause.TIMED_OUT]
+    where = "" if running or held else " (no worker had started yet)"
+    if held:
+        where = f" ({rank_ranges(held)} had finished, held by its own threads)"
     return (f"the launch did not finish within timeout={outcome.timeout} s and was "
             f"stopped{where}")
 

@@ -9,11 +9,13 @@ done and removes it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import signal
 import stat
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -127,17 +129,43 @@ def worker_places(attempt: Path) -> dict[int, tuple[int, int]]:
     return places
 
 
-def note_returned(attempt: Path, rank: int) -> None:
-    (attempt / f"returned-{rank}").touch()
+def note(attempt: Path, what: str, number: int) -> None:
+    """A fact a worker states about itself (`MARKS`), as an empty file named for it."""
+    (attempt / f"{what}-{number}").touch()
 
 
-def returned_ranks(attempt: Path) -> frozenset[int]:
-    return frozenset(int(mark.name[9:]) for mark in attempt.glob("returned-*")
-                     if mark.name[9:].isdigit())
+# What a worker says of itself: its function returned (by rank); it found the launch stopped
+# and ran nothing (by rank); its process received SIGTERM (by pid); its process began (by pid,
+# before anything else: an engine's processes are known by it even if they die at once).
+MARKS = ("returned", "cancelled", "terminated", "process")
+
+
+def noted(attempt: Path, what: str) -> frozenset[int]:
+    prefix = f"{what}-"
+    return frozenset(int(mark.name[len(prefix):]) for mark in attempt.glob(f"{prefix}*")
+                     if mark.name[len(prefix):].isdigit())
 
 
 def record_failure(attempt: Path, failure: ProcessFailure) -> None:
+    """The record, its message and traceback bounded; the whole text beside it when cut."""
+    failure, whole = failure.bounded()
+    if whole is not None:
+        atomic_write(attempt / f"failure-{failure.rank}.txt", whole)
     atomic_write(attempt / f"failure-{failure.rank}.json", failure.to_json())
+
+
+def keep_whole_text(file: Path, rank: int) -> str | None:
+    """Move a failure's whole text out of the launch folder (removed at the launch's end) to a
+    file of the caller's own that the error names; None when there is none."""
+    if not file.exists():
+        return None
+    fd, kept = tempfile.mkstemp(prefix=f"xlaunch-failure-rank{rank}-", suffix=".txt")
+    os.close(fd)
+    try:
+        os.replace(file, kept)
+    except OSError:
+        shutil.copyfile(file, kept)
+    return kept
 
 
 def read_failures(attempt: Path | None) -> dict[int, ProcessFailure]:
@@ -150,7 +178,8 @@ def read_failures(attempt: Path | None) -> dict[int, ProcessFailure]:
             record = ProcessFailure.from_json(file.read_text(), error_file=str(file))
         except (OSError, ValueError, TypeError):
             continue
-        records[record.rank] = record
+        whole = keep_whole_text(file.with_suffix(".txt"), record.rank)
+        records[record.rank] = dataclasses.replace(record, full_text=whole) if whole else record
     return records
 
 
@@ -164,36 +193,49 @@ def read_stacks(attempt: Path) -> dict[int, str]:
     return stacks
 
 
-def dump_stacks(attempt: Path, pids: dict[int, int], wait: float = 2.0) -> dict[int, str]:
-    """Ask each live worker for its Python stack (faulthandler) and collect what arrives."""
-    asked = {}
-    for rank, pid in pids.items():
-        try:
-            os.kill(pid, STACK_SIGNAL)
-            asked[rank] = pid
-        except ProcessLookupError:
-            continue
+def collect_stacks(attempt: Path, ranks: list[int], wait: float = 2.0) -> dict[int, str]:
+    """The stacks the ``ranks`` asked (by the launch's owner) write, as they arrive."""
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         stacks = read_stacks(attempt)
-        if all(stacks.get(rank) for rank in asked):
+        if all(stacks.get(rank) for rank in ranks):
             break
         time.sleep(0.02)
-    return {rank: text for rank, text in read_stacks(attempt).items() if rank in asked}
+    return {rank: text for rank, text in read_stacks(attempt).items() if rank in ranks}
 
 
 LAUNCHER_FILES = ("/xlaunch/worker/", "/xlaunch/backends/")
 
 
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
 def user_frames_first(dump: str) -> str:
-    """Keep the frames of the user's code: drop the launcher and engine frames below them."""
-    kept = []
+    """Each thread's frames of the user's code: the launcher's and the engine's below them go,
+    and so do threads that run nothing of the user's (Python's own machinery waiting)."""
+    blocks: list[list[str]] = []
     for line in dump.splitlines():
-        if line.lstrip().startswith("File ") and any(name in line for name in LAUNCHER_FILES):
-            break
-        if line.strip() and not line.startswith("Current thread"):
-            kept.append(line)
-    return "\n".join(kept)
+        if line.startswith(("Thread 0x", "Current thread 0x")) or not blocks:
+            blocks.append([])
+        if line.strip():
+            blocks[-1].append(line)
+    kept = []
+    for block in blocks:
+        frames = []
+        for line in block:
+            if line.lstrip().startswith("File ") and any(name in line for name in LAUNCHER_FILES):
+                break
+            frames.append(line)
+        if any(_users(line) for line in frames):
+            kept.append(frames)
+    if len(kept) == 1 and kept[0] and kept[0][0].startswith("Current thread"):
+        kept[0] = kept[0][1:]  # one thread: its frames say it all
+    return "\n".join(line for block in (kept or blocks[:1]) for line in block)
+
+
+def _users(line: str) -> bool:
+    text = line.strip()
+    return text.startswith("File ") and _STDLIB not in text or text.startswith("File \"<stdin>")
 
 
 def read_rank_reports(attempt: Path | None) -> list[RankReport]:

@@ -7,11 +7,13 @@ knows the rank raised rather than guessing from the order it noticed deaths in.
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import dataclasses
 import faulthandler
 import functools
+import io
 import os
-import pickle
 import signal
 import string
 import sys
@@ -23,13 +25,14 @@ from typing import IO, Any
 
 from xlaunch import stopping
 from xlaunch._compat import dynamo_counts
-from xlaunch.names import CANCELLED_EXIT, RESTART_VAR
+from xlaunch.names import RESTART_VAR, WORKER_VARS, WORLD_VAR
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.worker import process_tree
 from xlaunch.worker.hints import hint_for
-from xlaunch.worker.launch_dir import STACK_SIGNAL, LaunchDir, note_returned, record_failure, write_pid
+from xlaunch.worker.launch_dir import STACK_SIGNAL, LaunchDir, note, record_failure, write_pid
 from xlaunch.worker.measure import dynamo_since, write_rank_report
 from xlaunch.worker.output import PrefixedStream
+from xlaunch.worker.value import write_value
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -43,7 +46,6 @@ class WorkerSetup:
     line_prefix: str | None = None  # a template (${rank}, ${local_rank}); None: no prefix
     prefix_single: bool = False  # prefix even when the world is one process (a user template)
     tree: process_tree.TreeTicket | None = None
-    tempdir: str | None = None  # the caller's temp directory, while the engine's points elsewhere
 
 
 class Worker:
@@ -59,13 +61,10 @@ class Worker:
         self._stack_file: IO[str] | None = None
         write_pid(self.attempt, rank, local_rank)
         if self.cancelled:
+            note(self.attempt, "cancelled", rank)
             return
-        if setup.tempdir is not None:
-            import tempfile
-
-            tempfile.tempdir = setup.tempdir
-        os.environ.update(setup.env)
-        os.environ[RESTART_VAR] = str(attempt)
+        set_variables(setup.env, attempt)
+        not_interactive()
         self._stack_file = open(self.attempt / f"stack-{rank}", "w")
         faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         if setup.line_prefix is not None and (world_size > 1 or setup.prefix_single):
@@ -109,16 +108,16 @@ class Worker:
         ``measure`` adds (the XLA metrics on that path).
         """
         if self.cancelled:
-            raise SystemExit(CANCELLED_EXIT)
+            raise SystemExit(0)  # its record says it ran nothing
         started = time.perf_counter()
         compiled_before = dynamo_counts()
         try:
             result = function(*args)
-            note_returned(self.attempt, self.rank)
+            note(self.attempt, "returned", self.rank)
             return result
         except SystemExit as stop:
             if stop.code in (0, None):
-                note_returned(self.attempt, self.rank)
+                note(self.attempt, "returned", self.rank)
                 return None
             code = stop.code if isinstance(stop.code, int) else 1
             self.record_failure(stop, exitcode=code, skip_frames=1)
@@ -138,17 +137,65 @@ class Worker:
         except Exception as error:  # a report must never fail the training
             print(f"xlaunch: rank {self.rank} could not write its report: {error}", file=sys.stderr)
 
-    def returnable(self, result: Any) -> Any:
-        """The result moved to the CPU, or this rank's failure if it cannot be sent back."""
-        result = to_cpu(result)
+    def send_back(self, result: Any) -> None:
+        """The result, moved to the CPU, to the caller; or this rank's failure if it cannot go."""
         try:
-            pickle.dumps(result)
+            write_value(self.attempt, result)
         except Exception as error:  # reported as this rank's failure
             self.record_failure(TypeError(
                 f"the function returned a value that cannot be sent back to the caller "
                 f"({type(result).__name__}): {error}"))
             raise SystemExit(1) from None
-        return result
+
+
+def set_variables(env: dict[str, str], attempt: int) -> None:
+    """The launch's variables in this worker: xlaunch's own always from the launch, never from
+    what the caller's environment happened to hold (a preset ``XLAUNCH_WORLD=xla`` would tell an
+    elastic worker it is an XLA replica)."""
+    for name in WORKER_VARS:
+        os.environ.pop(name, None)
+    os.environ.update(env)
+    if WORLD_VAR in env:  # only this process is in that world, not what it starts
+        os.environ[WORLD_VAR] = f"{env[WORLD_VAR]}:{os.getpid()}"
+    os.environ[RESTART_VAR] = str(attempt)
+
+
+NO_STDIN = ("xlaunch workers have no stdin: input() cannot be answered from a worker. Read the "
+            "value before the launch and pass it to the function in args")
+
+
+class _NoStdin(io.TextIOBase):
+    """A worker's stdin: reading it fails at once, saying why (a forked notebook worker would
+    otherwise ask the notebook's frontend and wait forever)."""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> str:
+        raise EOFError(NO_STDIN)
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        raise EOFError(NO_STDIN)
+
+
+def _no_input(prompt: object = "") -> str:
+    raise EOFError(NO_STDIN)
+
+
+def not_interactive() -> None:
+    """A worker is not an interactive session: no stdin, no prompt (``sys.ps1``, which a kernel
+    sets and libraries read as "in a notebook": Lightning then refuses its ``ddp``)."""
+    if isinstance(sys.stdin, _NoStdin):
+        return
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+    sys.stdin = _NoStdin()
+    builtins.input = _no_input
+    for name in ("ps1", "ps2"):
+        if hasattr(sys, name):
+            delattr(sys, name)
 
 
 def flush_output() -> None:
@@ -184,22 +231,6 @@ def by_value(value: Any) -> bytes:
     import cloudpickle
 
     return cloudpickle.dumps(value)
-
-
-def to_cpu(value: Any) -> Any:
-    """Move tensors in a returned structure to the CPU so the caller can unpickle them."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return type(value)((key, to_cpu(item)) for key, item in value.items())
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(to_cpu(item) for item in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_cpu(item) for item in value)
-    return value
 
 
 def die_with_parent() -> None:

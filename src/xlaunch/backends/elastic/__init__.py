@@ -1,38 +1,55 @@
-"""GPUs and CPU processes, carried out by torch elastic's agent.
+"""GPUs and CPU processes (and TorchTPU's devices, `backends.torch_tpu`): workers that form one
+torch.distributed group.
 
-The engine (`torch.distributed.elastic`) starts, watches, restarts and stops the workers. What this
-package adds is what users of the engine run into:
+Which engine runs which launch:
 
-- Root cause first: workers record their own exception (worker.py), and every process's exit
-  status and the signals sent to it are kept, so `outcome.judge` can name the rank that failed.
-- A single-node launch opens no socket beyond loopback. The engine's static rendezvous starts a
-  TCPStore listening on every interface; here one node rendezvouses through a `FileStore` in the
-  launch's private directory (a rendezvous backend registered with the engine), workers form their
-  process group through another `FileStore`, and gloo/NCCL are told to use the loopback interface.
-- A whole-launch ``timeout`` that dumps each rank's Python stack before stopping it, and a stop
-  button that works at any moment (supervise.py).
+- one machine: this node's workers are processes of torch's own process layer (multiprocessing's
+  context for the start method, as ``torch.multiprocessing.start_processes`` makes them) started,
+  watched, stopped and reaped by the launch's owner (`backends.processes`), each running
+  xlaunch's worker wrapper (`job`). Nothing listens on the network: the workers' group meets
+  through a `FileStore` in the launch's private folder, and gloo/NCCL use the loopback interface;
+- several machines: torch elastic's rendezvous (``static``, ``c10d``) places each node and gives
+  the store the workers' group forms through (`rendezvous`); each node's workers start as on one
+  machine.
+
+``start_processes`` itself is not called: its wrapper imports torch before a line of xlaunch's in
+a spawned worker (TorchTPU needs its variables set before that import), names an error file in
+the caller's temporary directory that its ``join`` would unpickle, and turns a KeyboardInterrupt
+into exit status 0. torch elastic's agent is not used either: on one machine it has nothing to
+meet, and its worker handling reached for private parts of torch (kept off here).
+
+Restarts are the one loop every path shares (`supervise.run_attempts`): each attempt's processes
+are all gone before the next starts; with several machines every node restarts and they meet again.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
-from xlaunch.backends.elastic.engine import EngineExtras, EngineRun
-from xlaunch.backends.elastic.entry import Returned
+from xlaunch.backends.elastic.attempt import DistAttempt
+from xlaunch.backends.elastic.job import Job, World
+from xlaunch.backends.elastic.rendezvous import NodeRendezvous
 from xlaunch.backends.ports import choose_port
-from xlaunch.backends.supervise import signals_deferred, supervise
+from xlaunch.backends.supervise import run_attempts, signals_deferred, supervise
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
 from xlaunch.result.outcome import Outcome
 from xlaunch.worker.launch_dir import LaunchDir, read_rank_reports
-from xlaunch.worker.rank import check_picklable
+from xlaunch.worker.rank import WorkerSetup, check_picklable
+from xlaunch.worker.value import read_value
+
+# (function, args, setup, spec, world, attempt, run_id) -> what each worker runs
+JobFactory = Callable[..., Job]
 
 
 def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
-           args: tuple[Any, ...], extras: EngineExtras | None = None) -> Outcome:
+           args: tuple[Any, ...], worker_env: dict[str, str] | None = None,
+           job: JobFactory = Job) -> Outcome:
     """Run ``function(*args)`` in every worker of this node; local rank 0's result in the outcome.
 
-    ``extras``: what a path built on the engine adds (TorchTPU's variables and worker job).
+    ``worker_env`` and ``job``: what a path built on this one adds (TorchTPU's variables and
+    worker).
     """
     if spec.start_method != "fork":
         check_picklable(function, args)
@@ -40,25 +57,45 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
     port = choose_port(spec.port, spec.port_fallback, spec.master_addr,
                        loopback=plan.num_nodes == 1, owner=spec.node_rank == 0)
     launch_dir = LaunchDir.create()
-    run = None
-    try:
-        run = EngineRun(plan, spec, port, function, args, launch_dir, extras)
-        timed_out = supervise(run, plan.timeout)
-        attempts = run.attempts(timed_out)
-        reports = tuple(read_rank_reports(launch_dir.latest_attempt()))
-    finally:
-        with signals_deferred():  # a second Ctrl-C must not cut the clean-up short
-            if run is not None:
+    setup = WorkerSetup(launch_dir.folder, {**worker_variables(plan, spec), **(worker_env or {})},
+                        line_prefix=spec.log_line_prefix_template or "[rank ${rank}] ",
+                        prefix_single=spec.log_line_prefix_template is not None)
+    nodes = NodeRendezvous(plan, spec, port) if plan.num_nodes > 1 else None
+    here = World(0, plan.num_processes, plan.num_processes, master_port=port)
+
+    def one_attempt(attempt: int, timeout: float | None) -> Outcome:
+        def make_job(world: World) -> Job:
+            return job(function, args, setup, spec, world, attempt, spec.rdzv_id)
+
+        run = DistAttempt(plan, spec, make_job, launch_dir, attempt,
+                          None if nodes is not None else here, nodes)
+        try:
+            timed_out = supervise(run, timeout)
+            exits = run.exits()
+            reports = tuple(read_rank_reports(run.folder))
+            result = read_value(run.folder)
+        finally:
+            with signals_deferred():  # a second Ctrl-C must not cut the clean-up short
                 run.end()
+        return Outcome(path=plan.path, world_size=plan.world_size, exits=exits, result=result,
+                       timed_out=timed_out, timeout=plan.timeout, rank_reports=reports)
+
+    try:
+        return run_attempts(spec.max_restarts, plan.timeout, one_attempt)
+    finally:
+        with signals_deferred():
+            if nodes is not None:
+                nodes.close()
             launch_dir.remove()
-    results = run.results or {}
-    result = results[min(results)] if results else None
-    if isinstance(result, Returned):
-        result = result.load()
-    return Outcome(
-        path=plan.path, world_size=plan.world_size,
-        exits=attempts[-1] if attempts else (), earlier_attempts=tuple(attempts[:-1]),
-        # Keyed by global rank: this node's local rank 0 holds the smallest of its ranks.
-        result=result,
-        timed_out=timed_out, timeout=plan.timeout,
-        exception=run.engine_error, rank_reports=reports)
+
+
+def worker_variables(plan: LaunchPlan, spec: ElasticSpec) -> dict[str, str]:
+    """What every worker of the launch gets, besides its place (`Job.rank_variables`)."""
+    env: dict[str, str] = plan.worker_variables()
+    if spec.socket_ifname is not None:
+        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # the user's own choice wins
+            env[name] = os.environ.get(name, spec.socket_ifname)
+    if spec.cpu_threads:
+        env["OMP_NUM_THREADS"] = str(spec.cpu_threads)
+    return env
+

@@ -1,4 +1,4 @@
-"""TPU devices through TorchTPU (``torch-tpu``), carried out on torch elastic's agent.
+"""TPU devices through TorchTPU (``torch-tpu``), carried out as the `elastic` path is.
 
 The engine, its rendezvous, the root-cause records, the stop button and the timeout are those of
 the `elastic` backend; TorchTPU adds what its launch protocol needs (``torch_tpu/_internal/
@@ -11,12 +11,11 @@ distributed/distributed.py``, 0.2.0):
   default, 36423, collides between two launches on one host);
 - ``spawn``, with each rank's variables set before TorchTPU loads: torch imports its device
   backends when it is imported, and TorchTPU's C++ side reads (and keeps) variables such as RANK
-  then. The engine sets a worker's rank variables only after its first ``import torch``, so the
-  workers start with torch's autoload off and load TorchTPU themselves once their rank is set
-  (`entry.TpuJob`).
+  then. A worker's first lines are xlaunch's (`elastic.job.run_worker` needs no torch): they set
+  its rank and TorchTPU's variables, and only then does it import torch (`entry.TpuJob`).
 
-What listens where, on one host: the engine's rendezvous and the workers' process-group store are
-files in the launch's private folder (no socket); gloo and the handshake clients use 127.0.0.1.
+What listens where, on one host: the workers' process-group store is a file in the launch's
+private folder (no socket); gloo and the handshake clients use 127.0.0.1.
 TorchTPU's handshake coordinator (rank 0, ZMQ) binds ``tcp://*:<port>``, every interface, and
 offers no setting for the address; libtpu's slice builder listens on the ports of
 ``TORCH_TPU_SLICEBUILDER_ADDRESSES`` (named ``localhost:<port>``), on the interface libtpu chooses.
@@ -24,16 +23,14 @@ offers no setting for the address; libtpu's slice builder listens on the ports o
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable
 from typing import Any
 
 from xlaunch import _compat
 from xlaunch.backends import elastic
-from xlaunch.backends.elastic.engine import EngineExtras
 from xlaunch.backends.ports import free_port
-from xlaunch.backends.torch_tpu.entry import AUTOLOAD_VAR, TpuJob
+from xlaunch.backends.torch_tpu.entry import TpuJob
 from xlaunch.plan.specs import LaunchPlan, TorchTpuSpec
 from xlaunch.result.outcome import Outcome
 
@@ -45,15 +42,8 @@ def launch(plan: LaunchPlan, spec: TorchTpuSpec, function: Callable[..., Any],
            args: tuple[Any, ...]) -> Outcome:
     """Run ``function(*args)`` in one spawned process per TPU device of this host."""
     require_torch_tpu()
-    return elastic.launch(plan, spec, function, args, engine_extras(plan, spec))
-
-
-def engine_extras(plan: LaunchPlan, spec: TorchTpuSpec) -> EngineExtras:
-    """TorchTPU's variables for this launch, chosen now, and the worker job that uses them."""
-    asked = os.environ.get(AUTOLOAD_VAR)
-    job = functools.partial(TpuJob, autoload=asked != "0", autoload_value=asked)
-    return EngineExtras(worker_env=launch_variables(plan, spec), at_start={AUTOLOAD_VAR: "0"},
-                        job=job)
+    return elastic.launch(plan, spec, function, args, worker_env=launch_variables(plan, spec),
+                          job=TpuJob)
 
 
 def launch_variables(plan: LaunchPlan, spec: TorchTpuSpec) -> dict[str, str]:

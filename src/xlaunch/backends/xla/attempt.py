@@ -1,69 +1,71 @@
 """One attempt of an XLA launch, as its supervisor sees it (see supervise.Supervised).
 
-Two ways to start the replicas share everything else here: `pool.PoolRun` calls ``xmp.spawn``
-from the launch thread, so the replicas are the caller's children; `via_leader.LeaderRun` forks a
-launch leader first, for the one replica ``xmp.spawn(nprocs=1)`` would otherwise run in the caller.
+torch_xla's ``xmp.spawn`` starts the replicas' processes. Two ways to call it, one owner either way
+(`backends.processes.ProcessSet`, which holds the launch's tree and sends every signal):
+
+- `pool`: from the launch thread, when the caller's environment already is what ``xmp.spawn``
+  reads (the device, the chip layout): the pool's processes are the caller's children, and no
+  process stands between them (a leader in between cost about 40 ms a launch on the CPU device);
+- `leader`: from a launch leader the owner forks first, for one replica (``xmp.spawn(nprocs=1)``
+  runs it in its caller), ``spawn``/``forkserver``, and a layout whose variables ``xmp.spawn``
+  must read in the process that calls it: the leader sets them in itself, never in the caller.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import pickle
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from xlaunch.backends.exits import AttemptFiles, ChildExit, xla_exits
+from xlaunch.backends.exits import AttemptFiles, xla_exits
+from xlaunch.backends.processes import ProcessSet
 from xlaunch.backends.xla import replica
 from xlaunch.backends.xla.tail import Tail
 from xlaunch.plan.specs import LaunchPlan, XlaSpec
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import RankExit
-from xlaunch.worker.launch_dir import LaunchDir, dump_stacks, worker_pids
-from xlaunch.worker.process_tree import ProcessTree
+from xlaunch.worker.launch_dir import LaunchDir, collect_stacks, noted, worker_pids
 
-FAILURE_GRACE_S = 3.0  # after a replica fails, its peers get this long to end on their own
+# After a replica fails, its peers get this long to end on their own before they are stopped:
+# replicas run the same program, and eight cores that hit one bug then show as one entry.
+PEERS_GRACE_S = 3.0
 
 
-class AttemptRun:
-    """What both ways of starting replicas share: watching, stopping, and the facts left."""
-
+class XlaAttempt:
     def __init__(self, plan: LaunchPlan, spec: XlaSpec, job: replica.Job) -> None:
         self.plan, self.spec, self.job = plan, spec, job
         self.launch_dir = LaunchDir(job.setup.launch_dir)
         self.attempt: Path = self.launch_dir.attempt_dir(job.attempt)
-        self.tree: ProcessTree | None = None
-        self.stopped_all = False
+        self.owner: ProcessSet | None = None
         self.stacks: dict[int, str] = {}
         self.failure: ProcessFailure | None = None  # the launch failed before any replica ran
         self.tail = Tail()
+        self.leader: Any = None  # the leader's process, when there is one
         self._finished = threading.Event()
         self._failed_at: float | None = None
         self._gate = threading.Lock()
         self._cancelled = False
-        self._started = False
 
     def run(self) -> None:
+        from xlaunch.backends.xla import leader, pool
+
         try:
-            self._run()
+            pool.import_torch_xla()
+            with self._gate:
+                if self._cancelled:
+                    return
+                self.owner = ProcessSet(self.plan.stop_grace)
+            if pool.can_run_here(self.spec):
+                pool.run(self, self.owner)
+            else:
+                self.leader = leader.run(self, self.owner)
         except BaseException as error:  # reported as the launch's own failure
             self.failure = ProcessFailure.from_exception(error, rank=0)
         finally:
             self._finished.set()
             self.tail.stop()
-
-    def _run(self) -> None:
-        raise NotImplementedError
-
-    def _begin(self) -> bool:
-        """Under the gate: False when the launch was stopped before anything started."""
-        with self._gate:
-            if self._cancelled:
-                return False
-            self._started = True
-            self.tree = ProcessTree()
-            return True
 
     def check(self) -> None:
         """Peers stuck in a collective would wait for a failed replica forever."""
@@ -72,43 +74,43 @@ class AttemptRun:
         now = time.monotonic()
         if self._failed_at is None and any(self.attempt.glob("failure-*.json")):
             self._failed_at = now
-        if self._failed_at is not None and now - self._failed_at >= FAILURE_GRACE_S:
-            self._stop_all()
+        if self._failed_at is not None and now - self._failed_at >= PEERS_GRACE_S:
+            self._stop_all(f"a replica failed; its peers had not ended {PEERS_GRACE_S:g} s later")
 
     def expire(self) -> None:
         pids = worker_pids(self.attempt)
-        stacks = dump_stacks(self.attempt, pids)
+        asked = set(self.owner.ask_stacks(set(pids.values()))) if self.owner else set()
+        stacks = collect_stacks(self.attempt, [r for r, pid in pids.items() if pid in asked])
         by_pid = {pids[rank]: text for rank, text in stacks.items() if text}
         # Replicas that share a process (v2/v3) share its dump.
         self.stacks = {rank: stacks.get(rank) or by_pid.get(pid) or "(no stack arrived)"
                        for rank, pid in pids.items()}
-        self._stop_all()
+        self._stop_all(f"the launch's timeout ({self.plan.timeout} s) passed")
 
     def stop(self) -> bool:
         with self._gate:
             self._cancelled = True
-            started = self._started
+            started = self.owner is not None
         if started:
-            self._stop_all()
+            self._stop_all("interrupted (the stop button, Ctrl-C or SIGTERM)")
         return started
 
-    def _stop_all(self) -> None:
-        raise NotImplementedError
+    def _stop_all(self, why: str) -> None:
+        self.launch_dir.cancel()  # a replica not started yet will not start
+        if self.owner is not None:
+            self.owner.adopt(noted(self.attempt, "process"))
+            self.owner.stop(why)
 
     def end(self) -> None:
-        if self.tree is not None:
-            self.tree.end()
-
-    def children(self) -> list[ChildExit]:
-        raise NotImplementedError
+        if self.owner is not None:
+            self.owner.close()
 
     def exits(self) -> tuple[RankExit, ...]:
         """Each replica's end, from how each process ended and the replicas' own files."""
         files = AttemptFiles.read(self.attempt)
         files = dataclasses.replace(files, stacks=self.stacks or files.stacks)
         tails = {rank: self.tail.lines(rank) for rank in files.places}
-        return xla_exits(self.children(), files, self.plan.world_size, tails, self.stopped_all)
-
-    def result(self) -> Any:
-        path = self.attempt / replica.RESULT_FILE
-        return pickle.loads(path.read_bytes()) if path.exists() else None
+        ends = self.owner.ends() if self.owner is not None else []
+        if self.leader is not None and self.spec.nprocs != 1:  # the leader ran no replica
+            ends = [end for end in ends if end.pid != self.leader.pid]
+        return xla_exits(ends, files, self.plan.world_size, tails)

@@ -1,10 +1,11 @@
 """``xmp.spawn(start_method="fork")`` from the launch thread: the replicas are the caller's children.
 
 torch_xla's ``run_multiprocess`` never starts the runtime in the process that calls it, so the
-caller can own the pool and no process stands between it and the replicas (a leader in between
-cost about 40 ms a launch on the CPU device). What the replicas need before torch_xla starts in
-them - ``PJRT_DEVICE``, the chip layout, Kaggle's presets removed - is set in the caller's
-environment while the pool starts, and put back after.
+caller can host the pool. It reads the device (``PJRT_DEVICE``) and the chip layout in that
+process, though, and the caller's environment is the caller's: this way is taken only when it
+already holds what the replicas need there (`can_run_here`); otherwise a launch leader sets it in
+itself (`leader`). What only the replicas read - Kaggle's presets removed, the compilation
+analysis's files - each forked process sets in itself as it begins (`replica.begin_process`).
 """
 
 from __future__ import annotations
@@ -13,84 +14,71 @@ import dataclasses
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING
 
-from xlaunch import _compat
-from xlaunch.backends.envvars import overlay
-from xlaunch.backends.exits import ChildExit
-from xlaunch.backends.supervise import stop_processes
+from xlaunch.backends.processes import ProcessSet
 from xlaunch.backends.xla import replica
-from xlaunch.backends.xla.attempt import AttemptRun
 from xlaunch.backends.xla.metrics import DEBUG_VAR
-from xlaunch.plan.specs import LaunchPlan, XlaSpec
+from xlaunch.plan.specs import XlaSpec
 from xlaunch.worker.rank import flush_output
 
+if TYPE_CHECKING:
+    from xlaunch.backends.xla.attempt import XlaAttempt
+
 IMPORT_LIMIT_S = 120.0
-WARM_POOL = "TORCH_WARM_POOL"
-REAP_S = 2.0
 
 
-class PoolRun(AttemptRun):
-    def __init__(self, plan: LaunchPlan, spec: XlaSpec, job: replica.Job) -> None:
-        super().__init__(plan, spec, job)
-        self._pool: list[_compat.Child] = []  # xmp.spawn's processes, recorded as they start
-
-    def _run(self) -> None:
-        import_torch_xla()
-        if not self._begin():
-            return
-        read_end, write_end = os.pipe()
-        self.tail.start(read_end)
-        assert self.tree is not None
-        setup = dataclasses.replace(self.job.setup, tree=self.tree.ticket(forked=True))
-        job = dataclasses.replace(self.job, setup=setup, stderr_fd=write_end)
-        try:
-            with _compat.recording_children() as pool, overlay(self._variables()):
-                self._pool = pool
-                _spawn(job)
-        except SystemExit:
-            pass  # a replica's failure, already in its own record
-        except Exception as error:
-            if type(error).__name__ != "BrokenProcessPool":  # the exit statuses say more
-                raise
-        finally:
-            os.close(write_end)
-            self._end_pool()
-
-    def _variables(self) -> dict[str, str | None]:
-        """What torch_xla reads in each replica before the function runs; None removes."""
-        spec = self.spec
-        values: dict[str, str | None] = {name: None for name in spec.unset_env}
-        values.update(spec.worker_env)
-        if spec.pjrt_device is not None and "PJRT_DEVICE" not in os.environ:
-            values["PJRT_DEVICE"] = spec.pjrt_device
-        if os.environ.get(DEBUG_VAR) == "1":  # the analysis goes to files the report reads
-            values.update(PT_XLA_DEBUG_LEVEL="1", PT_XLA_DEBUG_FILE=str(self.attempt / "xla-debug"))
-        return values
-
-    def _end_pool(self) -> None:
-        """Kill what is left of the pool (noted as the launcher's doing) and reap it."""
-        _compat.kill_and_reap(self._pool, REAP_S)
-
-    def _stop_all(self) -> None:
-        self.stopped_all = True
-        self.launch_dir.cancel()  # a replica not started yet will not start
-        stop_processes(self._pool, self.tree, self.plan.stop_grace)
-
-    def children(self) -> list[ChildExit]:
-        return [ChildExit(c.pid, c.exitcode, frozenset(c.signals_sent))
-                for c in self._pool]
+def caller_variables(spec: XlaSpec) -> dict[str, str]:
+    """What ``xmp.spawn`` reads in the process that calls it: the device and the chip layout."""
+    values = dict(spec.worker_env)
+    if spec.pjrt_device is not None:
+        values["PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE", spec.pjrt_device)
+    return values
 
 
-def _spawn(job: replica.Job) -> None:
+def replica_variables(spec: XlaSpec, attempt_folder: str) -> dict[str, str | None]:
+    """What only the replicas' processes read, set in each as it begins; None removes."""
+    values: dict[str, str | None] = {name: None for name in spec.unset_env}
+    if os.environ.get(DEBUG_VAR) == "1":  # the analysis goes to files the report reads
+        values.update(PT_XLA_DEBUG_LEVEL="1", PT_XLA_DEBUG_FILE=f"{attempt_folder}/xla-debug")
+    return values
+
+
+def can_run_here(spec: XlaSpec) -> bool:
+    return (spec.nprocs is None and spec.start_method == "fork"
+            and all(os.environ.get(name) == value for name, value in caller_variables(spec).items()))
+
+
+def run(attempt: XlaAttempt, owner: ProcessSet) -> None:
+    """The pool, forked from the launch thread; each of its processes reports itself as it begins."""
+    write_end = attempt.tail.open_pipe()
+    setup = dataclasses.replace(attempt.job.setup, tree=owner.ticket(forked=True))
+    job = dataclasses.replace(attempt.job, setup=setup, stderr_fd=write_end,
+                              process_env=replica_variables(attempt.spec, str(attempt.attempt)))
+    try:
+        spawn_pool(job)
+    finally:
+        os.close(write_end)
+
+
+def spawn_pool(job: replica.Job, start_method: str = "fork") -> None:
+    """``xmp.spawn`` of every replica; a replica's failure is in its own record, not raised here."""
     import torch_xla.distributed.xla_multiprocessing as xmp
 
-    replica.FORKED_JOB = job
-    replica.ARMED.set()
+    forked = start_method == "fork"
+    replica.FORKED_JOB = job if forked else None
+    replica.ARMED = replica.Arming(threading.get_ident(), job) if forked else None
     try:
         flush_output()  # buffered text would be written twice
-        xmp.spawn(replica.replica, nprocs=None, start_method="fork")
+        xmp.spawn(replica.replica, args=() if forked else (job,), nprocs=None,
+                  start_method=start_method)
+    except SystemExit:
+        pass  # a replica's failure, already in its own record
+    except Exception as error:
+        if type(error).__name__ != "BrokenProcessPool":  # the replicas' records say more
+            raise
     finally:
-        replica.ARMED.clear()
+        replica.ARMED = None
         # The replicas were forked with it; here it would keep the function, its arguments (a
         # 200 MB dataset stayed in the notebook's memory) until the next launch.
         replica.FORKED_JOB = None
@@ -118,11 +106,8 @@ def import_torch_xla() -> None:
             failed.append(error)
 
     loader = threading.Thread(target=load, name="xlaunch-import-torch_xla")
-    # torch 2.8's CUDA build starts inductor's compile workers when torch_xla imports it:
-    # processes the notebook would keep for nothing. Unless asked for, not at this import.
-    with overlay({WARM_POOL: os.environ.get(WARM_POOL, "0")}):
-        loader.start()
-        loader.join(IMPORT_LIMIT_S)
+    loader.start()
+    loader.join(IMPORT_LIMIT_S)
     if loader.is_alive():
         raise RuntimeError(
             f"import torch_xla did not finish in {IMPORT_LIMIT_S:.0f} s. On a TPU VM it asks the "

@@ -13,16 +13,15 @@ import faulthandler
 import os
 import pickle
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from xlaunch import stopping
 from xlaunch.backends.xla.metrics import DEBUG_FILE_VAR, collect
-from xlaunch.worker.launch_dir import atomic_write
+from xlaunch.worker import process_tree
+from xlaunch.worker.launch_dir import LaunchDir, note
 from xlaunch.worker.rank import Worker, WorkerSetup, by_value
-
-RESULT_FILE = "result.pkl"
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class Job:
     stderr_fd: int | None = None  # the launch's stderr pipe, inherited by forked replicas
     compile_cache: str | None = None  # torch_xla's persistent cache, one folder per process
     replicas_per_process: int = 1  # 2 on v2/v3 chips: replicas that are threads of one process
-    stop_grace: float = 3.0  # a stop's SIGTERM, then SIGKILL after this many seconds
+    process_env: Mapping[str, str | None] = field(default_factory=dict)  # in each process; None unsets
 
     def __getstate__(self) -> dict[str, Any]:
         # Under spawn the function and its arguments travel by value (cloudpickle), so functions
@@ -67,9 +66,8 @@ def replica(index: int, job: Job | None = None) -> None:
     worker = Worker(job.setup, job.attempt, index, local_ordinal, world_size)
     function, args = replica_inputs(job)
     result = worker.run(function, args, measure=collect)
-    if local_ordinal != 0:  # each host of a pod returns its own first replica's result
-        return
-    atomic_write(worker.attempt / RESULT_FILE, pickle.dumps(worker.returnable(result)))
+    if local_ordinal == 0:  # each host of a pod returns its own first replica's result
+        worker.send_back(result)
 
 
 def replica_inputs(job: Job) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -87,20 +85,47 @@ def replica_inputs(job: Job) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         return copy.deepcopy((job.function, job.args))
 
 
-def prepare_forked_process() -> None:
-    """In each replica process, as it is forked: its stop handler, in its main thread.
+@dataclass(frozen=True)
+class Arming:
+    """A launch whose pool is being forked: by which thread, and what each process gets."""
 
-    Replicas are threads, where ``signal.signal`` raises; their `on_stop` callbacks run from this
-    handler. Armed only while a launch forks its pool (`ARMED`).
-    """
-    if not ARMED.is_set():
+    thread: int  # the launch thread's ident (a fork elsewhere in the caller is not ours)
+    job: Job
+
+
+def prepare_forked_process() -> None:
+    """In each process ``xmp.spawn`` forks for the launch, first of all: it says it began (so the
+    owner knows it even if it dies at once), joins the launch's tree, takes the variables only
+    the replicas need, and gets its stop handler in its main thread (replicas are threads, where
+    ``signal.signal`` raises; their `on_stop` callbacks run from there), which records that a
+    SIGTERM reached it."""
+    arming = ARMED
+    if arming is None or threading.get_ident() != arming.thread:
         return
+    begin_process(arming.job)
     stopping.reset()
     with contextlib.suppress(ValueError):
-        stopping.install_handler()
+        stopping.install_handler(note=_terminated(arming.job))
 
 
-ARMED = threading.Event()
+def begin_process(job: Job) -> None:
+    """Once per replica process: its record that it began, the tree, its variables."""
+    folder = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
+    note(folder, "process", os.getpid())
+    process_tree.join(job.setup.tree)
+    for name, value in job.process_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def _terminated(job: Job) -> Callable[[int], None]:
+    folder = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
+    return lambda signum: note(folder, "terminated", os.getpid())
+
+
+ARMED: Arming | None = None
 os.register_at_fork(after_in_child=prepare_forked_process)
 
 
@@ -110,6 +135,8 @@ def _prepare_process(job: Job) -> None:
         if _process_done:
             return
         _process_done = True
+        if ARMED is None:  # spawned (or the leader's own): no at-fork hook ran for it
+            begin_process(job)
         if job.stderr_fd is not None:
             os.dup2(job.stderr_fd, 2)
             with contextlib.suppress(OSError):

@@ -30,6 +30,12 @@ class Tail:
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def open_pipe(self) -> int:
+        """A pipe the replicas write their stderr to, copied from here on; its write end."""
+        read_end, write_end = os.pipe()
+        self.start(read_end)
+        return write_end
+
     def start(self, fd: int) -> None:
         self._thread = threading.Thread(target=self._pump, args=(fd,), name="xlaunch-stderr",
                                         daemon=True)

@@ -1,0 +1,258 @@
+"""The one owner of a launch's processes: it starts them, holds their tree and the stop grace,
+stops them (SIGTERM, the grace, SIGKILL), reaps them, and records each decision as it takes it.
+
+Modelled on torch elastic's ``PContext`` (start, poll, close): every signal xlaunch sends to a
+worker is sent from this module (a layout test checks it), and the judge reads the records kept
+here instead of reconstructing afterwards who was stopped.
+
+The tree is one POSIX process group per attempt, led by a tiny guard process that holds a pipe
+from the caller: every process of the launch joins it (workers, what an engine starts, what the
+workers start themselves), a stop signals the whole group, and should the caller die (SIGKILL, a
+kernel restart) the guard's pipe closes and the guard kills the group. A process group rather than
+a cgroup: it needs no privileges and holds on every Linux and macOS machine.
+
+Two kinds of process are owned:
+
+- started here (`start`): a process of multiprocessing's context for the start method (the same
+  context ``torch.multiprocessing`` uses), running xlaunch's worker wrapper. Its exit status is
+  known exactly, and it is reaped here, under the owner's lock, so a signal is never sent to a
+  process that has already ended;
+- an engine's (`adopt`): ``xmp.spawn``'s pool processes, which the pool starts and reaps. They
+  are known by the pid each wrote as it began, and signalled only through the group (a pid the
+  pool has reaped could belong to another process by then); how they ended is in the records
+  they leave themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from xlaunch.worker.launch_dir import STACK_SIGNAL
+from xlaunch.worker.process_tree import TreeTicket
+
+# Reads until its stdin (a pipe from the caller) closes, then kills its own group, itself included.
+# A stop's SIGTERM to the whole group leaves it standing: it must outlive the grace period.
+GUARD = ("/bin/sh", "-c", "trap '' TERM; read _unused; kill -KILL 0")
+END_WAIT_S = 5.0  # after the end's SIGKILL: how long killed members may take to be reaped
+POLL_S = 0.01  # the step of the waits nothing can notify (an engine's processes, the tree)
+
+
+class LaunchStopped(Exception):
+    """A process was to start after the launch had been stopped: it is not started."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One signal the owner sent, why, and the processes it reached while they were alive."""
+
+    why: str
+    number: int
+    pids: tuple[int, ...]
+    at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class ProcessEnd:
+    """How one process of the launch ended, as its owner saw it."""
+
+    pid: int | None
+    exitcode: int | None  # None: not seen ending (an engine's process); negative: that signal
+    signals_sent: frozenset[int] = frozenset()  # the owner's signals that reached it alive
+    adopted: bool = False  # an engine started it; its end is in its own records
+
+
+class ProcessSet:
+    """Every process of one attempt of a launch, and every decision taken about them."""
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.decisions: list[Decision] = []
+        self._started: list[Any] = []  # multiprocessing processes, in start order
+        self._adopted: dict[int, None] = {}  # an engine's pids, in the order they reported
+        self._signals: dict[int, set[int]] = {}
+        self._lock = threading.Lock()  # reaping, and signalling only what has not ended
+        self._stopping = threading.Lock()  # one stop sequence at a time
+        self._stopped = False
+        extra: dict[str, object] = {"process_group": 0} if sys.version_info >= (3, 11) else {
+            "preexec_fn": os.setpgrp}
+        self._guard = subprocess.Popen(  # a fixed command, no shell input
+            GUARD, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            close_fds=True, **extra)  # type: ignore[call-overload]
+        assert self._guard.stdin is not None
+        self.pgid = self._guard.pid
+        self._pipe = self._guard.stdin
+
+    def ticket(self, forked: bool) -> TreeTicket:
+        """What a worker needs to join the tree (a forked one also inherits the guard's pipe)."""
+        return TreeTicket(self.pgid, self._pipe.fileno() if forked else None, os.getpid())
+
+    # --- start ----------------------------------------------------------------------------
+
+    def start(self, method: str, target: Callable[..., Any], args: tuple[Any, ...],
+              name: str) -> Any:
+        """Start ``target(*args)`` in a new process; refused once the launch is being stopped."""
+        context: Any = multiprocessing.get_context(method)
+        with self._lock:
+            if self._stopped:
+                raise LaunchStopped(name)
+            process = context.Process(target=target, args=args, name=name, daemon=False)
+            process.start()
+            self._started.append(process)
+        with contextlib.suppress(OSError):  # the child joins itself too; this closes the gap
+            os.setpgid(process.pid, self.pgid)
+        return process
+
+    def adopt(self, pids: Iterable[int]) -> None:
+        """An engine's processes, as they reported themselves."""
+        with self._lock:
+            for pid in pids:
+                self._adopted.setdefault(pid)
+
+    @property
+    def started(self) -> list[Any]:
+        return list(self._started)
+
+    def exitcode(self, process: Any) -> int | None:
+        """The process's status if it has ended (reaping it), else None."""
+        with self._lock:
+            return process.exitcode  # type: ignore[no-any-return]
+
+    def wait(self, processes: Sequence[Any], timeout: float | None) -> list[Any]:
+        """Those of ``processes`` that have ended, waiting up to ``timeout`` for one to end."""
+        ready = set(multiprocessing.connection.wait([p.sentinel for p in processes], timeout))
+        return [p for p in processes if p.sentinel in ready]
+
+    def stopped(self) -> bool:
+        return self._stopped
+
+    # --- stop --------------------------------------------------------------------------------
+
+    def ask_stacks(self, pids: Iterable[int]) -> list[int]:
+        """Ask each live worker for its Python stack (faulthandler writes it to its file)."""
+        asked = []
+        for pid in pids:
+            if self._member(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, STACK_SIGNAL)
+                    asked.append(pid)
+        return asked
+
+    def stop(self, why: str) -> None:
+        """SIGTERM to every live process and the whole tree; SIGKILL after the grace to what is
+        left. A worker that handles SIGTERM (an `on_stop` callback) saves its checkpoint
+        meanwhile; one without a handler ends at once. A second stop while one runs waits for it.
+        """
+        with self._stopping:
+            if self._stopped:
+                return
+            with self._lock:
+                self._stopped = True  # nothing starts any more
+            self._signal(signal.SIGTERM, why)
+            deadline = time.monotonic() + self.grace
+            while time.monotonic() < deadline and self._any_alive():
+                live = [p for p in self._started if self.exitcode(p) is None]
+                if live:
+                    self.wait(live, min(POLL_S * 5, max(0.0, deadline - time.monotonic())))
+                else:
+                    time.sleep(POLL_S)
+            if self._any_alive():
+                self._signal(signal.SIGKILL, f"{why}; still running after the {self.grace:g} s grace")
+
+    def close(self) -> None:
+        """The end of every attempt: nothing of it is left once this returns (within
+        ``END_WAIT_S``). What still runs is killed (noted, when it was a worker), every started
+        process is reaped, then the guard."""
+        with self._stopping:
+            with self._lock:
+                self._stopped = True
+            if self._any_alive():
+                self._signal(signal.SIGKILL, "the launch ended")
+            self._killpg(signal.SIGKILL)  # what the workers left running, the guard too
+        deadline = time.monotonic() + END_WAIT_S
+        for process in self._started:
+            process.join(max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(OSError):
+            self._pipe.close()
+        self._guard.wait()  # killed just now: this returns the moment it is gone
+        # Killed members whose parent is gone are reaped by init; until then they hold the group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            while time.monotonic() < deadline:
+                os.killpg(self.pgid, 0)
+                time.sleep(POLL_S / 2)
+
+    def _signal(self, number: int, why: str) -> None:
+        """``number`` to every live process, recorded with the processes it reached."""
+        with self._lock:
+            reached = []
+            for process in self._started:
+                if self._running(process):
+                    reached.append(process.pid)
+                    if not self._in_tree(process.pid):  # not yet joined: the group would miss it
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(process.pid, number)
+            reached += [pid for pid in self._adopted if self._member(pid)]
+            for pid in reached:
+                self._signals.setdefault(pid, set()).add(number)
+            self.decisions.append(Decision(why, number, tuple(reached)))
+            self._killpg(number)
+
+    def _killpg(self, number: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, number)  # the guard ignores SIGTERM; the grace is its to outlive
+
+    def _any_alive(self) -> bool:
+        with self._lock:
+            return any(self._running(p) for p in self._started) or any(
+                self._member(pid) for pid in self._adopted)
+
+    @staticmethod
+    def _running(process: Any) -> bool:
+        """Not ended: its status unknown (reaping it if it has ended) and not reaped by another
+        thread meanwhile (multiprocessing reaps finished children whenever any process starts)."""
+        if process.exitcode is not None:
+            return False
+        try:
+            return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        except ChildProcessError:  # reaped already: its status is on the process object now
+            return False
+
+    def _in_tree(self, pid: int) -> bool:
+        try:
+            return os.getpgid(pid) == self.pgid
+        except OSError:
+            return False
+
+    def _member(self, pid: int) -> bool:
+        """A live process of the tree (not one that has ended, nor a stranger given the pid)."""
+        return self._in_tree(pid) and not _zombie(pid)
+
+    # --- the facts --------------------------------------------------------------------------
+
+    def ends(self) -> list[ProcessEnd]:
+        """Every process of the attempt: the started ones in start order, then the engine's."""
+        with self._lock:
+            ends = [ProcessEnd(p.pid, p.exitcode, frozenset(self._signals.get(p.pid, ())))
+                    for p in self._started]
+            ends += [ProcessEnd(pid, None, frozenset(self._signals.get(pid, ())), adopted=True)
+                     for pid in self._adopted]
+        return ends
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended and awaits its parent (Linux's /proc; elsewhere: no)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
