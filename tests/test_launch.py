@@ -79,31 +79,10 @@ def test_workers_get_the_engine_environment_and_the_options():
     assert seen["XLAUNCH_MIXED_PRECISION"] == "bf16"
 
 
-def engine_config(tmp_path, **options):
-    from xlaunch.backends.elastic.engine import EngineRun
-    from xlaunch.detect.environment import detect
-    from xlaunch.plan import make_plan
-    from xlaunch.plan.options import LaunchOptions
-    from xlaunch.worker.launch_dir import LaunchDir
-
-    plan = make_plan(detect(), LaunchOptions(**options))
-    return EngineRun(plan, plan.spec, plan.spec.port, print, (), LaunchDir(str(tmp_path)))._config()
-
-
-def test_engine_receives_every_option(tmp_path):
-    config = engine_config(tmp_path, num_processes=2, rdzv_backend="c10d",
-                           rdzv_conf={"timeout": 77}, rdzv_id="abc", max_restarts=2,
-                           monitor_interval=0.25, log_line_prefix_template="${rank}: ")
-    assert (config.rdzv_backend, config.rdzv_configs["timeout"], config.run_id) == ("c10d", 77, "abc")
-    assert config.rdzv_configs["store_type"] == "file"  # one node: no listening store
-    assert (config.max_restarts, config.monitor_interval) == (2, 0.25)
-    assert config.log_line_prefix_template == "${rank}: "
-    assert config.nproc_per_node == 2 and config.start_method == "fork"
-
-
-def test_monitor_interval_is_used_as_given_and_only_the_default_is_quickened(tmp_path):
-    assert engine_config(tmp_path, num_processes=2, monitor_interval=0.1).monitor_interval == 0.1
-    assert engine_config(tmp_path, num_processes=2).monitor_interval == 0.01
+def test_the_options_reach_the_workers_as_torchrun_names_them(tmp_path):
+    seen = notebook_launcher(engine_variables, num_processes=2, rdzv_id="abc", max_restarts=2,
+                             log_line_prefix_template="${rank}: ")
+    assert seen["TORCHELASTIC_RUN_ID"] == "abc" and seen["WORLD_SIZE"] == "2"
 
 
 def fail_until_third_attempt(counter):

@@ -115,6 +115,6 @@ def test_env_shows_the_torch_tpu_plan(tmp_path: Path) -> None:
     assert report["missing"] == ["torch-tpu is not installed, and the TorchTPU path needs it: "
                                  "pip install torch-tpu"]
     text = format_report(report)
-    assert "torch_tpu (TorchTPU on torch.distributed.elastic)" in text
+    assert "torch_tpu (TorchTPU: torch.multiprocessing" in text
     assert "tpu_runtime             torch_tpu (not installed)" in text
     assert "TPU topology            2,2,1" in text

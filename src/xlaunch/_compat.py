@@ -32,9 +32,10 @@ def _loud(key: str, text: str) -> None:
 def xla_runtime_is_initialized() -> bool:
     """Whether this process already started the XLA runtime; never imports torch_xla."""
     torch_xla = sys.modules.get("torch_xla")
-    if torch_xla is None:
-        return False
-    check = getattr(getattr(torch_xla, "_XLAC", None), "_xla_runtime_is_initialized", None)
+    xlac = getattr(torch_xla, "_XLAC", None)
+    if torch_xla is None or xlac is None:
+        return False  # not imported, or its import has not got that far (an interrupted one)
+    check = getattr(xlac, "_xla_runtime_is_initialized", None)
     if check is None:
         _loud("xla-init", "torch_xla._XLAC._xla_runtime_is_initialized is missing in this "
               "torch_xla; an XLA device used before the launch is no longer detected")

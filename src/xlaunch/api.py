@@ -60,16 +60,16 @@ def notebook_launcher(
         master_addr: node 0's address when ``num_nodes > 1``.
         node_rank: this machine's index, ``0 <= node_rank < num_nodes``.
         num_nodes: machines in the job; each runs the same call with its own ``node_rank``.
-        rdzv_backend: torch elastic's rendezvous, ``"static"`` or ``"c10d"`` (``"etcd"``,
-            ``"etcd-v2"`` where installed).
+        rdzv_backend: torch elastic's rendezvous between machines, ``"static"`` or ``"c10d"``
+            (``"etcd"``, ``"etcd-v2"`` where installed); one machine has no other to meet.
         rdzv_endpoint: ``host:port`` of the rendezvous; default ``master_addr:use_port``.
         rdzv_conf: extra rendezvous settings passed to torch elastic.
         rdzv_id: the job's name at the rendezvous, the same on every machine.
         max_restarts: how many times the workers are restarted after a failure (on the XLA
             path the whole launch runs again); ``ProcessState().restart_count`` says which.
-        monitor_interval: seconds between torch elastic's checks on the workers. Left at its
-            default (0.1), the workers are checked every 0.01 s, so a short launch does not wait
-            0.1 s for the first check; a value you pass, 0.1 included, is used as given.
+        monitor_interval: seconds between the launcher's checks on what does not arrive as a
+            worker's end (with several machines: another node's failure). A worker's end is seen
+            the moment it happens.
         log_line_prefix_template: torch elastic's prefix for each worker's output lines (for
             example ``"[${rank}] "``); by default lines are prefixed ``[rank N]``.
         timeout: seconds the whole launch may take; then every worker is stopped and

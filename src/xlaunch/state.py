@@ -42,11 +42,14 @@ class _World(NamedTuple):
     backend: str | None
 
 
+def in_xla_replica() -> bool:
+    """This process is an XLA replica's, as the launcher marked it (a value preset in the caller,
+    or inherited by a process a replica starts, names another pid and is ignored)."""
+    return os.environ.get(WORLD_VAR) == f"xla:{os.getpid()}"
+
+
 def _in_xla_world() -> bool:
-    # The launcher marks each replica's own process (a value preset in the caller, or inherited by
-    # a process a replica starts, names another pid and is ignored).
-    return (os.environ.get(WORLD_VAR) == f"xla:{os.getpid()}"
-            or _compat.xla_runtime_is_initialized())
+    return in_xla_replica() or _compat.xla_runtime_is_initialized()
 
 
 def _xla_world() -> _World:

@@ -15,7 +15,7 @@ from pathlib import Path
 from xlaunch.backends.processes import ProcessEnd
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import RankExit
-from xlaunch.worker.launch_dir import noted, read_failures, read_stacks, worker_places
+from xlaunch.worker.launch_dir import noted, read_crashes, read_failures, read_stacks, worker_places
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class AttemptFiles:
     cancelled: frozenset[int] = frozenset()  # ranks that found the launch stopped, ran nothing
     terminated: frozenset[int] = frozenset()  # pids that received SIGTERM
     processes: frozenset[int] = frozenset()  # pids of an engine's processes, as each began
+    crashes: Mapping[int, tuple[int, str]] = field(default_factory=dict)  # pid -> signal, dump
 
     @classmethod
     def read(cls, folder: Path | None) -> AttemptFiles:
@@ -36,7 +37,7 @@ class AttemptFiles:
             return cls()
         return cls(worker_places(folder), read_failures(folder), read_stacks(folder),
                    noted(folder, "returned"), noted(folder, "cancelled"),
-                   noted(folder, "terminated"), noted(folder, "process"))
+                   noted(folder, "terminated"), noted(folder, "process"), read_crashes(folder))
 
 
 def dist_exits(ends: Sequence[ProcessEnd], files: AttemptFiles,
@@ -75,7 +76,12 @@ def xla_exits(ends: Sequence[ProcessEnd], files: AttemptFiles, world_size: int,
 
 
 def rank_exit(rank: int, end: ProcessEnd, files: AttemptFiles, tail: str = "") -> RankExit:
-    return RankExit(rank=rank, pid=end.pid, exitcode=end.exitcode,
+    exitcode = end.exitcode
+    crash = files.crashes.get(end.pid) if end.pid else None
+    if crash is not None:  # its own dump says which signal ended it, whoever saw its status
+        exitcode = exitcode if exitcode is not None else -crash[0]
+        tail = f"{tail}\n{crash[1]}".strip()
+    return RankExit(rank=rank, pid=end.pid, exitcode=exitcode,
                     record=files.records.get(rank), signals_sent=end.signals_sent,
                     stack=files.stacks.get(rank, ""), stderr_tail=tail,
                     returned=rank in files.returned, cancelled=rank in files.cancelled,

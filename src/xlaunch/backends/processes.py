@@ -129,9 +129,17 @@ class ProcessSet:
             return process.exitcode  # type: ignore[no-any-return]
 
     def wait(self, processes: Sequence[Any], timeout: float | None) -> list[Any]:
-        """Those of ``processes`` that have ended, waiting up to ``timeout`` for one to end."""
+        """Those of ``processes`` that have ended, reaped, waiting up to ``timeout`` for one.
+
+        A process's sentinel reports its end when its descriptors close, a moment before its
+        status exists: each ended one is joined (a wait of that moment) so its status is known.
+        """
         ready = set(multiprocessing.connection.wait([p.sentinel for p in processes], timeout))
-        return [p for p in processes if p.sentinel in ready]
+        ended = [p for p in processes if p.sentinel in ready]
+        with self._lock:
+            for process in ended:
+                process.join()
+        return ended
 
     def stopped(self) -> bool:
         return self._stopped

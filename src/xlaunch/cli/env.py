@@ -167,7 +167,7 @@ def _plan_rows(plan: dict[str, Any]) -> dict[str, Any]:
                      "interface": "lo (loopback only)" if spec["loopback_only"] else "any",
                      "rendezvous": spec["rdzv_backend"],
                      "threads per process": spec["cpu_threads"] or "torch's default",
-                     "engine check interval": f"{spec['monitor_interval']} s"})
+                     "check interval": f"{spec['monitor_interval']} s"})
     return {key: value for key, value in rows.items() if value is not None}
 
 

@@ -16,10 +16,9 @@ from typing import Any, cast
 from xlaunch.detect.environment import Environment
 from xlaunch.detect.machine import Machine
 from xlaunch.names import Accelerator, DistBackend, MixedPrecision, StartMethod
-from xlaunch.plan.options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT, LaunchOptions
+from xlaunch.plan.options import DEFAULT_PORT, LaunchOptions
 from xlaunch.plan.refusals import check_values, refuse_unused
 from xlaunch.plan.specs import (
-    FAST_MONITOR_INTERVAL,
     ElasticSpec,
     InlineSpec,
     LaunchPlan,
@@ -160,7 +159,7 @@ def _cpu_plan(options: LaunchOptions, machine: Machine) -> LaunchPlan:
     # trained 2.5x slower on 2 cores); torchrun sets OMP_NUM_THREADS for the same reason.
     threads = 0 if "OMP_NUM_THREADS" in os.environ or count == 1 else max(1, machine.cores // count)
     plan = _torch_plan("cpu", count, "gloo", options, cpu_threads=threads)
-    return replace(plan, notes=notes)
+    return replace(plan, notes=notes + plan.notes)
 
 
 def _torch_plan(accelerator: Accelerator, count: int, dist_backend: DistBackend,
@@ -173,12 +172,23 @@ def _torch_plan(accelerator: Accelerator, count: int, dist_backend: DistBackend,
         start_method=cast(StartMethod, options.start_method) or default_start_method(),
         cpu_threads=cpu_threads, **engine_fields(options))
     return LaunchPlan(accelerator, count, world, spec, num_nodes=options.num_nodes,
-                      **common(options))
+                      notes=interface_notes(spec), **common(options))
+
+
+def interface_notes(spec: ElasticSpec) -> tuple[str, ...]:
+    """One machine's workers meet on loopback, unless the environment names an interface."""
+    if not spec.loopback_only:
+        return ()
+    return tuple(
+        f"{name}={os.environ[name]} is set in this environment: the workers' process group "
+        "listens on that interface, which may be beyond loopback (unset it to keep a "
+        "one-machine launch on loopback)"
+        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+        if os.environ.get(name, "lo") != "lo")
 
 
 def engine_fields(options: LaunchOptions) -> dict[str, Any]:
     """What every launch whose workers form a torch.distributed group takes from the options."""
-    interval = options.monitor_interval
     return dict(
         port=int(options.use_port),
         # A default port that is taken when the launch starts is replaced on one machine only:
@@ -188,7 +198,7 @@ def engine_fields(options: LaunchOptions) -> dict[str, Any]:
         rdzv_backend=options.rdzv_backend, rdzv_endpoint=options.rdzv_endpoint,
         rdzv_conf=dict(options.rdzv_conf or {}), rdzv_id=options.rdzv_id,
         max_restarts=options.max_restarts,
-        monitor_interval=FAST_MONITOR_INTERVAL if interval is DEFAULT_MONITOR_INTERVAL else interval,
+        monitor_interval=float(options.monitor_interval),
         log_line_prefix_template=options.log_line_prefix_template,
         loopback_only=options.num_nodes == 1 and not options.rdzv_endpoint)
 

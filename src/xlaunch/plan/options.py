@@ -24,8 +24,7 @@ class _Default(float):
     """A default that can be told from the same number passed on purpose (``is`` compares it)."""
 
 
-# The engine's own default is 0.1 s. Left at it, workers are checked more often (plan.py): the
-# first check comes one interval after the start, most of a short launch's time at 0.1 s.
+# accelerate's and torch elastic's default; a value passed on purpose is told from it (refusals).
 DEFAULT_MONITOR_INTERVAL: float = _Default(0.1)
 
 

@@ -79,9 +79,9 @@ def refuse_unused(plan: LaunchPlan, options: LaunchOptions) -> None:
     if plan.path in ("elastic", "torch_tpu"):  # workers that form a torch.distributed group
         unused = {"compile_cache"} if given.get("compile_cache") not in (None, False) else set()
         if plan.num_nodes == 1 and not options.rdzv_endpoint:
-            unused |= {"master_addr"} if "master_addr" in given else set()
-            if options.rdzv_backend == "static" and options.rdzv_conf:
-                unused.add("rdzv_conf")
+            # One machine has no node to meet: any rdzv_backend is met at once, and its settings
+            # have nothing to set.
+            unused |= {name for name in ("master_addr", "rdzv_conf") if name in given}
         why = "one machine meets on loopback through files: master_addr and rdzv_conf " \
               "apply to several machines (num_nodes > 1) or a named rdzv_endpoint"
         if unused & {"compile_cache"}:

@@ -17,8 +17,6 @@ from xlaunch.names import (
     StartMethod,
 )
 
-# Left at its default, the engine checks its workers this often instead (see options.py).
-FAST_MONITOR_INTERVAL = 0.01
 PATHS: dict[PathName, str] = {
     "xla": "torch_xla xmp.spawn",
     "torch_tpu": "TorchTPU: torch.multiprocessing, torch elastic's rendezvous across hosts",
@@ -61,7 +59,9 @@ class ElasticSpec:
     rdzv_conf: Mapping[str, Any] = field(default_factory=dict)
     rdzv_id: str = "none"
     max_restarts: int = 0
-    monitor_interval: float = FAST_MONITOR_INTERVAL
+    # Seconds between checks on what does not arrive as a process's end (another node's failure);
+    # a worker's end is seen the moment it happens.
+    monitor_interval: float = 0.1
     log_line_prefix_template: str | None = None  # the engine prefixes (and tees) when set
     cpu_threads: int = 0  # torch threads per CPU worker; 0 leaves torch's choice
     loopback_only: bool = True  # one node: everything meets through files and on `lo`

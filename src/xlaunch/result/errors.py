@@ -41,7 +41,7 @@ class Cause(str, enum.Enum):
         member.precedence, member.label, member.secondary = precedence, label, secondary
         return member
 
-    LEADER = "leader", 0, "failed", False  # the launch failed before any worker ran
+    LEADER = "leader", 0, "failed", False  # the launch (or its leader) failed before a worker ran
     DIED = "died", 1, "failed", False  # a signal nobody in the launch sent, or an exit unexplained
     RAISED = "raised", 2, "failed", False  # raised an exception of its own
     FINISHED_EARLY = "finished-early", 3, "failed", False  # returned while peers waited on it
@@ -91,7 +91,7 @@ class ProcessFailure:
         return f"exit code {self.exitcode}"
 
     def headline(self) -> str:
-        where = "launch leader" if self.cause == Cause.LEADER else f"rank {self.rank}"
+        where = "the launch" if self.cause == Cause.LEADER else f"rank {self.rank}"
         where += f" (pid {self.pid})" if self.pid else ""
         return f"{where}: {self.what()}" if self.what() else where
 
@@ -210,7 +210,7 @@ def format_failures(failures: Sequence[ProcessFailure], summary: str) -> str:
         first = group[0]
         label = "root cause" if root is not None and root in group else first.cause.label
         pids = [f.pid for f in group if f.pid]
-        where = "launch leader" if first.cause == Cause.LEADER else rank_ranges(f.rank for f in group)
+        where = "the launch" if first.cause == Cause.LEADER else rank_ranges(f.rank for f in group)
         if len(pids) == 1:
             where += f" (pid {pids[0]})"
         lines += ["", f"[{label}] {where}" + (f": {first.what()}" if first.what() else "")]

@@ -146,11 +146,11 @@ def _failure(rank_exit: RankExit, cause: Cause) -> ProcessFailure:
 
 def _died(exitcode: int | None) -> str:
     """What a death without a Python exception usually means, by the signal that ended it."""
-    if exitcode is None:  # an engine's process: its status went to the engine
-        return ("its process ended without raising a Python exception in the function, and "
-                "nobody in the launch stopped it: killed by a signal (the out-of-memory killer "
-                "does this), a crash in native code, or os._exit(); its last stderr lines may "
-                "say which")
+    if exitcode is None:  # an engine's process: its status went to the engine (torch_xla's pool)
+        return ("its process ended before its function returned, without raising a Python "
+                "exception and without a crash dump, and nobody in the launch stopped it: killed "
+                "by SIGKILL (the out-of-memory killer does this) or ended by os._exit() "
+                "(os._exit(0) included); its last stderr lines may say which")
     if exitcode == 0:
         return ("ended its process with status 0 before its function returned: os._exit(0), "
                 "or a library that exits the process; its peers lost it")

@@ -183,6 +183,27 @@ def read_failures(attempt: Path | None) -> dict[int, ProcessFailure]:
     return records
 
 
+# faulthandler's words for each fatal signal it catches.
+CRASHES = {"Segmentation fault": signal.SIGSEGV, "Aborted": signal.SIGABRT,
+           "Bus error": signal.SIGBUS, "Floating point exception": signal.SIGFPE,
+           "Illegal instruction": signal.SIGILL}
+
+
+def read_crashes(attempt: Path) -> dict[int, tuple[int, str]]:
+    """pid -> (the fatal signal, faulthandler's dump) of each process that wrote one."""
+    crashes = {}
+    for crash_file in attempt.glob("crash-*"):
+        try:
+            text = crash_file.read_text(errors="replace")
+            pid = int(crash_file.name[6:])
+        except (ValueError, OSError):
+            continue
+        for words, number in CRASHES.items():
+            if f"Fatal Python error: {words}" in text:
+                crashes[pid] = (int(number), text.strip())
+    return crashes
+
+
 def read_stacks(attempt: Path) -> dict[int, str]:
     stacks = {}
     for stack_file in attempt.glob("stack-*"):

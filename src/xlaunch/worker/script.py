@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
-from xlaunch.names import STORE_DIR_VAR, WORLD_VAR
+from xlaunch.names import STORE_DIR_VAR
 
 
 def run_script(target: str, script_args: list[str], module: bool = False) -> None:
@@ -84,7 +84,9 @@ def _scripts_own_group() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _xla_spawn_in_place() -> Iterator[None]:
-    if os.environ.get(WORLD_VAR) != "xla":
+    from xlaunch.state import in_xla_replica
+
+    if not in_xla_replica():
         yield
         return
     import torch_xla

@@ -60,7 +60,7 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
     setup = WorkerSetup(launch_dir.folder, {**worker_variables(plan, spec), **(worker_env or {})},
                         line_prefix=spec.log_line_prefix_template or "[rank ${rank}] ",
                         prefix_single=spec.log_line_prefix_template is not None)
-    nodes = NodeRendezvous(plan, spec, port) if plan.num_nodes > 1 else None
+    nodes = None if spec.loopback_only else NodeRendezvous(plan, spec, port)
     here = World(0, plan.num_processes, plan.num_processes, master_port=port)
 
     def one_attempt(attempt: int, timeout: float | None) -> Outcome:
@@ -78,7 +78,8 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
             with signals_deferred():  # a second Ctrl-C must not cut the clean-up short
                 run.end()
         return Outcome(path=plan.path, world_size=plan.world_size, exits=exits, result=result,
-                       timed_out=timed_out, timeout=plan.timeout, rank_reports=reports)
+                       timed_out=timed_out, timeout=plan.timeout, rank_reports=reports,
+                       leader_failure=run.failure if not timed_out else None)
 
     try:
         return run_attempts(spec.max_restarts, plan.timeout, one_attempt)

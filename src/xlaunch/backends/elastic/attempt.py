@@ -14,12 +14,13 @@ import dataclasses
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from xlaunch.backends.elastic.job import Job, World, run_worker
 from xlaunch.backends.exits import AttemptFiles, dist_exits
 from xlaunch.backends.processes import LaunchStopped, ProcessSet
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
+from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import RankExit
 from xlaunch.worker.launch_dir import LaunchDir, collect_stacks, noted, worker_pids
 
@@ -41,12 +42,20 @@ class DistAttempt:
         self.folder: Path = launch_dir.attempt_dir(attempt)
         self.owner: ProcessSet | None = None
         self.stacks: dict[int, str] = {}
+        self.failure: ProcessFailure | None = None  # the launch failed before any worker ran
         self._gate = threading.Lock()
         self._cancelled = False
 
     # --- in the launch thread ----------------------------------------------------------------
 
     def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as error:  # reported as the launch's own failure
+            self.failure = dataclasses.replace(ProcessFailure.from_exception(error, rank=0),
+                                               pid=None)
+
+    def _run(self) -> None:
         world = self.world
         if world is None:  # several machines: where this node sits is known once they meet
             assert self.nodes is not None
@@ -129,5 +138,3 @@ class DistAttempt:
         offset = self.world.rank_offset if self.world is not None else 0
         return dist_exits(ends, files, offset)
 
-    def decisions(self) -> list[Any]:
-        return list(self.owner.decisions) if self.owner is not None else []

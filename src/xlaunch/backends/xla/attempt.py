@@ -33,6 +33,11 @@ from xlaunch.worker.launch_dir import LaunchDir, collect_stacks, noted, worker_p
 PEERS_GRACE_S = 3.0
 
 
+def launch_failure(error: BaseException) -> ProcessFailure:
+    """What failed in the launch thread itself, before any replica ran (no worker's pid)."""
+    return dataclasses.replace(ProcessFailure.from_exception(error, rank=0), pid=None)
+
+
 class XlaAttempt:
     def __init__(self, plan: LaunchPlan, spec: XlaSpec, job: replica.Job) -> None:
         self.plan, self.spec, self.job = plan, spec, job
@@ -62,7 +67,7 @@ class XlaAttempt:
             else:
                 self.leader = leader.run(self, self.owner)
         except BaseException as error:  # reported as the launch's own failure
-            self.failure = ProcessFailure.from_exception(error, rank=0)
+            self.failure = launch_failure(error)
         finally:
             self._finished.set()
             self.tail.stop()

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from xlaunch.backends.xla.attempt import XlaAttempt
 
 IMPORT_LIMIT_S = 120.0
+# The thread importing torch_xla: a launch stopped during the import leaves it finishing, and
+# the next launch waits for it instead of finding a module half imported.
+_LOADER: threading.Thread | None = None
 
 
 def caller_variables(spec: XlaSpec) -> dict[str, str]:
@@ -91,7 +94,10 @@ def import_torch_xla() -> None:
     own; the import runs in a thread of its own so that a server that never answers costs a
     bounded wait and a clear error, not a hung notebook.
     """
-    if "torch_xla.debug.metrics" in sys.modules:
+    global _LOADER
+    if _LOADER is not None and _LOADER.is_alive():  # an earlier launch's, stopped meanwhile
+        _LOADER.join(IMPORT_LIMIT_S)
+    if "torch_xla.debug.metrics" in sys.modules and (_LOADER is None or not _LOADER.is_alive()):
         return
     failed: list[BaseException] = []
 
@@ -105,7 +111,7 @@ def import_torch_xla() -> None:
         except BaseException as error:  # raised in the launch thread below
             failed.append(error)
 
-    loader = threading.Thread(target=load, name="xlaunch-import-torch_xla")
+    loader = _LOADER = threading.Thread(target=load, name="xlaunch-import-torch_xla", daemon=True)
     loader.start()
     loader.join(IMPORT_LIMIT_S)
     if loader.is_alive():

@@ -53,6 +53,7 @@ class Job:
 # under fork, and a closure, a lambda or an argument such as a lock cannot be pickled.
 FORKED_JOB: Job | None = None
 _PROCESS_READY = threading.Lock()
+_CRASH_FILE: Any = None
 _COPYING = threading.Lock()
 _process_done = False
 
@@ -141,10 +142,12 @@ def _prepare_process(job: Job) -> None:
             os.dup2(job.stderr_fd, 2)
             with contextlib.suppress(OSError):
                 os.close(job.stderr_fd)
-        if job.stderr_fd is not None or not faulthandler.is_enabled():
-            # A crash leaves its Python stack on fd 2, the launch's stderr (a forked replica
-            # may have inherited a handler writing elsewhere).
-            faulthandler.enable(file=2, all_threads=False)
+        # A crash (SIGSEGV, SIGABRT...) leaves its Python stack in a file of its process: its
+        # status goes to torch_xla's pool, so this is how the launch learns which signal it was.
+        global _CRASH_FILE
+        folder = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
+        _CRASH_FILE = open(folder / f"crash-{os.getpid()}", "w")
+        faulthandler.enable(file=_CRASH_FILE, all_threads=False)
         process = os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0")
         if DEBUG_FILE_VAR in os.environ:  # one analysis file per process, never interleaved
             os.environ[DEBUG_FILE_VAR] = f"{os.environ[DEBUG_FILE_VAR]}.{process}"

@@ -1,0 +1,199 @@
+"""One owner of a launch's processes, and a launch that changes nothing it does not own.
+
+Each case failed on the release before the owner (`backends.processes`) existed: a notebook
+thread's temporary file deleted with the launch's folder, forkserver launching once, a rank held
+alive by its own thread misjudged at a timeout, ``os._exit(75)`` taken for xlaunch's own status,
+preset variables of xlaunch's own or gloo's taken silently, ``input()`` in a worker, a message of
+50 MB carried whole. Real launches, real processes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import xlaunch
+from xlaunch import LaunchError, LaunchTimeout, notebook_launcher
+
+
+def sleep_then_rank(seconds):
+    import torch.distributed as dist
+
+    time.sleep(seconds)
+    return dist.get_rank()
+
+
+def test_a_notebook_threads_temporary_files_outlive_a_launch():
+    made: list[str] = []
+    done = threading.Event()
+
+    def notebook_thread():  # a thread of the notebook, writing temporary files all along
+        while not done.is_set():
+            fd, name = tempfile.mkstemp(prefix="notebook-")
+            os.close(fd)
+            made.append(name)
+            time.sleep(0.05)
+
+    before = tempfile.gettempdir()
+    thread = threading.Thread(target=notebook_thread)
+    thread.start()
+    try:
+        assert notebook_launcher(sleep_then_rank, args=(1.5,), num_processes=2) == 0
+    finally:
+        done.set()
+        thread.join()
+    try:
+        gone = [name for name in made if not os.path.exists(name)]
+        assert len(made) > 10 and not gone, f"{len(gone)} went with the launch's folder"
+        assert {os.path.dirname(name) for name in made} == {before}
+    finally:
+        for name in made:
+            if os.path.exists(name):
+                os.unlink(name)
+
+
+SPAWNED = """
+    import os, sys, xlaunch
+
+    def rank():
+        import torch.distributed as dist
+        return dist.get_rank(), dist.get_world_size()
+
+    if __name__ == "__main__":
+        for method in sys.argv[1:]:
+            print(method, xlaunch.notebook_launcher(rank, num_processes=2, start_method=method),
+                  flush=True)
+"""
+
+
+def test_spawn_and_forkserver_launch_any_number_of_times(tmp_path: Path):
+    script = tmp_path / "spawned.py"
+    script.write_text(textwrap.dedent(SPAWNED))
+    methods = ["forkserver", "forkserver", "forkserver", "spawn", "spawn"]
+    done = subprocess.run([sys.executable, str(script), *methods], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [f"{method} (0, 2)" for method in methods]
+
+
+def held_by_its_thread():
+    import torch.distributed as dist
+
+    def upload_forever():
+        while True:
+            time.sleep(0.05)
+
+    if dist.get_rank() == 1:
+        threading.Thread(target=upload_forever, name="uploader").start()  # not a daemon
+    return dist.get_rank()
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_held_alive_by_its_own_thread_is_named_at_the_timeout_with_that_threads_stack():
+    with pytest.raises(LaunchTimeout) as caught:
+        notebook_launcher(held_by_its_thread, num_processes=2, timeout=6)
+    error = caught.value
+    assert error.root_cause.rank == 1 and error.root_cause.cause == "held-by-threads"
+    text = str(error)
+    assert "rank 1 had finished, held by its own threads" in text.splitlines()[0]
+    assert "in upload_forever" in text  # the thread that holds it, where it stands
+    assert "no worker had started" not in text
+
+
+def exits_75():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        os._exit(75)
+    xlaunch.wait_for_everyone()
+
+
+def test_a_users_exit_status_is_never_taken_for_xlauncher_own():
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(exits_75, num_processes=2, timeout=60)
+    root = caught.value.root_cause
+    assert (root.rank, root.exitcode, root.cause) == (1, 75, "died")
+    assert caught.value.exitcode == 75
+
+
+def world_as_seen():
+    return xlaunch.ProcessState().backend, os.environ.get("XLAUNCH_WORLD")
+
+
+def test_a_preset_xlaunch_variable_is_the_launchs_own_again_in_every_worker(monkeypatch):
+    monkeypatch.setenv("XLAUNCH_WORLD", "xla")
+    monkeypatch.setenv("XLAUNCH_RESTART_COUNT", "7")
+    assert xlaunch.ProcessState().backend is None  # the caller is in no XLA world either
+    assert notebook_launcher(world_as_seen, num_processes=2) == ("gloo", None)
+    assert xlaunch.ProcessState().restart_count == 7  # the caller's own value, left as it was
+
+
+def test_a_preset_socket_interface_is_named_in_the_launch_line(monkeypatch, capfd):
+    from xlaunch.api import run_plan
+    from xlaunch.detect import detect
+    from xlaunch.plan import LaunchOptions, make_plan
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    monkeypatch.setenv("XLAUNCH_ACCELERATOR", "cpu")
+    plan = make_plan(detect(), LaunchOptions(num_processes=2))
+    assert any("GLOO_SOCKET_IFNAME=eth7" in note and "beyond loopback" in note
+               for note in plan.notes)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # loopback itself says nothing
+    plan = make_plan(detect(), LaunchOptions(num_processes=2))
+    assert run_plan(plan, os.getpid, ()) > 0
+    assert "GLOO_SOCKET_IFNAME" not in capfd.readouterr().err
+
+
+def asks():
+    return input("your name? ")
+
+
+@pytest.mark.timeout(60)
+def test_input_in_a_worker_fails_at_once_saying_workers_have_no_stdin():
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(asks, num_processes=2, timeout=30)
+    assert caught.value.root_cause.exc_type == "EOFError"
+    assert "workers have no stdin" in caught.value.root_cause.message
+
+
+def raises_a_huge_message():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("x" * 50_000_000)
+    xlaunch.wait_for_everyone()
+
+
+def test_a_huge_message_is_cut_and_kept_whole_in_the_file_the_error_names():
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(raises_a_huge_message, num_processes=2, timeout=60)
+    text = str(caught.value)
+    assert len(text) < 100_000
+    whole = caught.value.root_cause.full_text
+    assert whole and whole in text
+    try:
+        assert "x" * 50_000_000 in Path(whole).read_text()
+    finally:
+        os.unlink(whole)
+
+
+def test_a_returned_tensor_comes_back_whole():
+    import torch
+
+    def big():
+        import torch.distributed as dist
+
+        return torch.full((1000, 1000), float(dist.get_rank() + 1))
+
+    value = notebook_launcher(big, num_processes=2)
+    assert value.shape == (1000, 1000) and float(value.sum()) == 1_000_000.0
+    value.add_(1)  # it is the caller's to change
+    assert float(value[0, 0]) == 2.0
