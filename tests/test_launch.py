@@ -503,7 +503,8 @@ def test_state_made_before_the_launch_reports_each_workers_rank(tmp_path):
 
 def test_the_launch_says_what_it_runs(capfd):
     notebook_launcher(os.getpid, num_processes=2)
-    assert "xlaunch: launching 2 CPU processes through torch.multiprocessing (gloo, fork)" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "xlaunch: launching 2 CPU processes through torch.multiprocessing (gloo, fork)" in err
     notebook_launcher(os.getpid)
     err = capfd.readouterr().err
     assert "running 1 process on the CPU" in err and "launching 1 CPU process in this process" in err

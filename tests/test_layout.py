@@ -116,3 +116,59 @@ def test_modules_and_functions_read_in_one_sitting(path: Path) -> None:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             assert code_lines(node, source) <= MAX_FUNCTION_CODE_LINES, f"{path}:{node.name}"
+
+
+# --- one owner of a launch's processes ----------------------------------------------------------
+
+OWNER = SRC / "backends" / "processes.py"
+# Signals sent elsewhere, each not to a worker: a process ending itself of the signal it was sent
+# (stopping.py), a timeout raised in the caller's own thread (inline.py), and the null signal
+# that only asks whether a process exists (launch_dir.py's sweep).
+NOT_TO_A_WORKER = {("stopping.py", "os.kill"), ("inline.py", "signal.pthread_kill")}
+SIGNALLING = {"os.kill", "os.killpg", "signal.pthread_kill", "signal.pidfd_send_signal"}
+SIGNALLING_METHODS = {"terminate", "kill", "send_signal"}
+
+
+def signals_sent(path: Path) -> list[str]:
+    """Every call in ``path`` that sends a signal, as ``name:line``, less the null signal."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        name = ast.unparse(node.func)
+        null = len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value == 0
+        if name in SIGNALLING:
+            if not null and (path.name, name) not in NOT_TO_A_WORKER:
+                found.append(f"{name}:{node.lineno}")
+        elif isinstance(node.func, ast.Attribute) and node.func.attr in SIGNALLING_METHODS:
+            found.append(f"{name}:{node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(SRC)))
+def test_no_module_but_the_owner_signals_a_worker(path: Path) -> None:
+    if path == OWNER:
+        assert signals_sent(path), "the owner is where every stop is sent from"
+        return
+    assert signals_sent(path) == [], f"{path.name} signals a process: only {OWNER.name} may"
+
+
+def test_the_owner_check_would_see_a_signal_sent_elsewhere(tmp_path: Path) -> None:
+    stray = tmp_path / "stray.py"
+    stray.write_text("import os, signal\ndef f(p, pid):\n    os.kill(pid, signal.SIGTERM)\n"
+                     "    p.terminate()\n    os.kill(pid, 0)\n")
+    assert signals_sent(stray) == ["os.kill:3", "p.terminate:4"]
+
+
+def test_compat_patches_no_library_and_swaps_no_process_wide_state() -> None:
+    """Every private API is read in _compat; none is written: no attribute of another module
+    assigned, no setattr, no module-level registry swapped."""
+    tree = ast.parse((SRC / "_compat.py").read_text())
+    writes = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        writes += [ast.unparse(t) for t in targets if isinstance(t, ast.Attribute)]
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("setattr", "delattr"):
+            writes.append(ast.unparse(node))
+    assert writes == []

@@ -7,6 +7,7 @@ A legacy TPU Node is recognised here too, and refused by the plan before anythin
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 

@@ -44,8 +44,8 @@ def notebook_launcher(
 ) -> Any:
     """Run ``function(*args)`` in every process of this machine; return local process 0's result.
 
-    The path comes from `detect()`: every TPU core through torch_xla, else every GPU, else CPU
-    processes (torch elastic's rendezvous across machines). Failures arrive as `LaunchError`, root cause first.
+    The path comes from `detect()`: every TPU core (torch_xla or TorchTPU), else every GPU, else
+    CPU processes. Failures arrive as `LaunchError`, root cause first.
 
     Args:
         function: called as ``function(*args)`` in every process; read the rank from
