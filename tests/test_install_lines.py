@@ -102,7 +102,8 @@ def passages() -> list[tuple[str, str]]:
             found.append((f"{page.relative_to(ROOT)} paragraph {index}", " ".join(paragraph.split())))
     for notebook in sorted((ROOT / "colab").glob("*.ipynb")):
         for index, cell in enumerate(json.loads(notebook.read_text())["cells"]):
-            found.append((f"{notebook.relative_to(ROOT)} cell {index}", " ".join("".join(cell["source"]).split())))
+            text = " ".join("".join(cell["source"]).split())
+            found.append((f"{notebook.relative_to(ROOT)} cell {index}", text))
     return found
 
 

@@ -222,7 +222,8 @@ def a_wheel(folder: Path) -> Path:
 
     info = "xlaunch-0.1.0.dist-info"
     files = {f"{info}/METADATA": "Metadata-Version: 2.1\nName: xlaunch\nVersion: 0.1.0\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+             f"{info}/WHEEL": ("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                               "Tag: py3-none-any\n")}
 
     def digest(text: str) -> str:
         return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
