@@ -8,7 +8,7 @@ Within each repetition the launchers take turns, the first one changing from one
 next, so a noisy neighbour slows both sides alike; the figures are medians and the ratio is ours
 over theirs. Every launch is checked to have really run its processes (each one writes its rank
 and pid to a file). Nothing here asserts a timing: this is a benchmark, not a test. The markdown
-table printed at the end carries the date and the machine, ready to paste into the README.
+table printed at the end carries the date and the machine, ready to paste into bench/README.md.
 """
 
 from __future__ import annotations

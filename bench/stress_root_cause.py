@@ -1,7 +1,9 @@
 """How often the right rank is named as the root cause: launches in a row, counted.
 
     python bench/stress_root_cause.py [--launches 15]
-    ../shared/tools/with-load python bench/stress_root_cause.py   # every core busy
+    # every core busy: one busy loop per core beside it
+    for i in $(seq $(nproc)); do python3 -c "while True: pass" & done
+    python bench/stress_root_cause.py; kill $(jobs -p)
 
 Each scenario is one real launch on CPU processes (gloo) in which one rank fails while its peers
 wait in ``wait_for_everyone()``; the launch's `LaunchError` must name that rank as the root cause

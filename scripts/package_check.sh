@@ -22,7 +22,10 @@ import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 assert "xlaunch/py.typed" in names and "xlaunch/cli/__init__.py" in names, names
 assert not [n for n in names if n.startswith(("tests/", "bench/", "colab/"))], names
-print(f"wheel: {len(names)} files, xlaunch/ only")
+metadata = zipfile.ZipFile(sys.argv[1]).read("xlaunch-0.1.0.dist-info/METADATA").decode()
+assert "License-Expression: Apache-2.0" in metadata.splitlines(), metadata[:800]
+assert "xlaunch-0.1.0.dist-info/licenses/LICENSE" in names, names
+print(f"wheel: {len(names)} files, xlaunch/ only, licence Apache-2.0 with its LICENSE file")
 PYCODE
 
 # A fresh venv; torch pinned to the CPU build on this machine's disk, so pip does not fetch a CUDA

@@ -17,6 +17,7 @@ import pytest
 from tests.fakes import KAGGLE, fake_machine
 from xlaunch.cli.env import VARIABLES, env_report, format_report
 from xlaunch.detect.environment import detect
+from xlaunch.detect.machine import PROCESSES_PER_CORE, Machine
 from xlaunch.plan import make_plan
 
 SCRIPT = Path(sys.executable).parent / "xlaunch"
@@ -74,8 +75,17 @@ def test_json_is_detect_and_make_plan(xlaunch: list[str]) -> None:
     result = run(xlaunch, "env", "--json", env=env)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert set(report) == {"environment", "plan", "refusal", "missing", "versions", "variables"}
+    assert set(report) == {"environment", "machine", "plan", "refusal", "missing", "versions",
+                           "variables"}
     assert report["missing"] == []
+    here = Machine.here()
+    machine = report["machine"]
+    assert (machine["cpu_cores"], machine["memory_total"]) == (here.cores, here.memory_total)
+    assert isinstance(machine["memory_available"], int) and machine["memory_available"] > 0
+    assert report["versions"]["numpy"] == metadata.version("numpy")
+    import torch  # here, in the test's process: the command itself imports no torch
+
+    assert report["versions"]["cuda"] == torch.version.cuda
     assert {k: report[k] for k in ("environment", "plan", "refusal")} == expected_report(env)
     assert report["versions"]["python"] == platform.python_version()
     assert report["versions"]["torch"] == metadata.version("torch")
@@ -89,7 +99,12 @@ def test_table_shows_environment_plan_and_versions(xlaunch: list[str]) -> None:
     result = run(xlaunch, "env", env=env)
     assert result.returncode == 0, result.stderr
     shown = table(result.stdout)
-    assert list(shown) == ["environment", "launch", "versions", "variables"]
+    assert list(shown) == ["environment", "machine", "launch", "versions", "variables"]
+    here = Machine.here()
+    assert shown["machine"]["cpu cores"] == str(here.cores)
+    assert re.fullmatch(rf"\d+ MiB available, {here.memory_total >> 20} MiB in all",
+                        shown["machine"]["memory"]), shown["machine"]
+    assert shown["versions"]["numpy"] == metadata.version("numpy")
     expected = expected_report(env)
     for field, value in expected["environment"].items():
         if field == "tpu_holders":
@@ -131,12 +146,12 @@ def test_xla_on_cpu(xlaunch: list[str]) -> None:
     }
 
 
-def test_tpu_refusal_is_shown_not_raised(xlaunch: list[str]) -> None:
+def test_tpu_refusal_is_shown_not_raised_and_exits_2(xlaunch: list[str]) -> None:
     if detect({}).tpu_chips:
         pytest.skip("this machine has TPU chips: XLAUNCH_ACCELERATOR=tpu is not refused here")
     env = environ(XLAUNCH_ACCELERATOR="tpu")
     result = run(xlaunch, "env", "--json", env=env)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 2, result.stderr
     report = json.loads(result.stdout)
     assert report["environment"]["accelerator"] == "tpu"
     assert report["environment"]["device_count"] == 0
@@ -144,7 +159,7 @@ def test_tpu_refusal_is_shown_not_raised(xlaunch: list[str]) -> None:
     assert "no TPU chips" in report["refusal"]
 
     result = run(xlaunch, "env", env=env)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 2, result.stderr
     shown = table(result.stdout)
     assert shown["launch"] == {"refused": report["refusal"]}
     assert shown["environment"]["accelerator"] == "tpu"
@@ -238,8 +253,100 @@ def test_env_shows_the_launch_the_options_ask_for(xlaunch: list[str]) -> None:
     assert plan["spec"]["start_method"] == "spawn"
     refused = run(xlaunch, "env", "--num-processes", "0", env=env)
     assert "num_processes must be a whole number of at least 1" in refused.stdout
+    assert refused.returncode == 2
     clash = run(xlaunch, "env", "--num-processes", "2", "--num_processes", "4", env=env)
     assert clash.returncode == 2 and "not both" in clash.stderr
+
+
+def test_a_launch_that_would_be_refused_exits_2_with_the_table_and_the_figures_it_quotes(
+        xlaunch: list[str]) -> None:
+    # More CPU processes than this machine's cores can run: the refusal quotes the core count,
+    # and the machine section shows the same figure; the whole table is printed all the same.
+    cores = Machine.here().cores
+    too_many = str(PROCESSES_PER_CORE * cores + 1)
+    result = run(xlaunch, "env", "--num-processes", too_many, env=environ(XLAUNCH_ACCELERATOR="cpu"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    shown = table(result.stdout)
+    assert list(shown) == ["environment", "machine", "launch", "versions", "variables"]
+    refusal = shown["launch"]["refused"]
+    assert f"num_processes={too_many} CPU processes on {cores} core(s)" in refusal, refusal
+    assert shown["machine"]["cpu cores"] == str(cores)
+    assert "Traceback" not in result.stderr
+    runnable = run(xlaunch, "env", "--num-processes", "2", env=environ(XLAUNCH_ACCELERATOR="cpu"))
+    assert runnable.returncode == 0, runnable.stdout + runnable.stderr
+
+
+def test_the_port_row_says_whether_a_taken_port_would_be_replaced(xlaunch: list[str]) -> None:
+    env = environ(XLAUNCH_ACCELERATOR="cpu")
+    left = json.loads(run(xlaunch, "env", "--json", "--num-processes", "2", env=env).stdout)
+    named = json.loads(run(xlaunch, "env", "--json", "--num-processes", "2", "--master-port",
+                           "29500", env=env).stdout)
+    assert left["plan"]["spec"]["port_fallback"] is True
+    assert named["plan"]["spec"]["port_fallback"] is False and named["plan"]["spec"]["port"] == 29500
+
+
+def test_gpus_are_named_from_the_driver_files(tmp_path: Path) -> None:
+    root = fake_machine(tmp_path, gpus=2)
+    (root / "proc" / "driver" / "nvidia" / "version").write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
+        "GCC version:  gcc version 12.2.0\n")
+    report = env_report({}, root=root)
+    assert report["machine"]["gpus"] == ["Tesla T4", "Tesla T4"]
+    assert report["machine"]["nvidia_driver"] == "550.54.15"
+    shown = table(format_report(report))
+    assert shown["machine"]["gpus"] == "2 x Tesla T4"
+    assert shown["machine"]["nvidia driver"] == "550.54.15"
+    assert shown["environment"]["accelerator"] == "cuda"
+    assert table(format_report(env_report({}, root=fake_machine(tmp_path / "cpu"))))[
+        "machine"]["gpus"] == "none"
+
+
+def test_cuda_and_nccl_are_read_without_importing_torch(tmp_path: Path) -> None:
+    # A CUDA build of torch as installed (its version.py, and the NCCL package its wheel pulls),
+    # on a path ahead of this venv's own torch: `xlaunch env` reads both files, imports nothing.
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "version.py").write_text(
+        "from typing import Optional\n__version__ = '2.15.0+cu128'\ncuda: Optional[str] = '12.8'\n")
+    for name, version in (("torch", "2.15.0+cu128"), ("nvidia_nccl_cu12", "2.27.5")):
+        info = site / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    code = ("import json, sys\nfrom xlaunch.cli.env import env_report\nreport = env_report()\n"
+            "print(json.dumps([report['versions'], 'torch' in sys.modules]))")
+    env = environ(XLAUNCH_ACCELERATOR="cpu",
+                  PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    versions, imported = json.loads(result.stdout)
+    assert (versions["torch"], versions["cuda"], versions["nccl"]) == ("2.15.0+cu128", "12.8", "2.27.5")
+    assert not imported
+    shown = subprocess.run([sys.executable, "-m", "xlaunch", "env"], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+    assert table(shown.stdout)["versions"]["cuda"] == "12.8", shown.stdout + shown.stderr
+    assert table(shown.stdout)["versions"]["nccl"] == "2.27.5"
+
+
+def test_cuda_and_nccl_come_from_torch_when_it_is_already_imported(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from xlaunch.cli.env import cuda_versions
+
+    fake = types.SimpleNamespace(
+        version=types.SimpleNamespace(cuda="12.8"),
+        cuda=types.SimpleNamespace(nccl=types.SimpleNamespace(version=lambda: (2, 27, 5))))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert cuda_versions() == {"cuda": "12.8", "nccl": "2.27.5"}
+    fake.version.cuda = None  # a CPU build: neither
+    assert cuda_versions() == {"cuda": None, "nccl": None}
+
+
+def test_the_table_leaves_out_cuda_and_nccl_on_a_cpu_build() -> None:
+    report = env_report(environ(XLAUNCH_ACCELERATOR="cpu"))
+    report["versions"].update(cuda=None, nccl=None)
+    assert {"cuda", "nccl"}.isdisjoint(table(format_report(report))["versions"])
 
 
 PURE = r"""

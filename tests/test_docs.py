@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "src" / "xlaunch"
 TROUBLESHOOTING = ROOT / "docs" / "troubleshooting.md"
@@ -151,3 +153,159 @@ def test_troubleshooting_covers_what_users_meet_beyond_the_package():
                   "Runtime is already initialized", "Expected 4 worker addresses, got 1",
                   "Cannot re-initialize CUDA in forked subprocess", "BrokenProcessPool"):
         assert normalized(words) in page, words
+
+
+# The pages a user reads: every *.py they name and every launch parameter they show must exist.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "bench" / "README.md"]
+# Scripts of the user's own, named in examples (`xlaunch run train.py`): not files of this source.
+USER_SCRIPTS = {"train.py", "script.py", "train_mnist.py"}
+LAUNCHERS = {"notebook_launcher": "notebook_launcher", "launch": "notebook_launcher",
+             "debug_launcher": "debug_launcher"}
+
+
+def page_text(page: Path) -> str:
+    return page.read_text()
+
+
+def named_py_files(text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.py)\b(?!\w)", text))
+
+
+def test_the_walks_find_py_files_and_launch_parameters():
+    text = ("Run `bench/compare.py` or `python train.py`, see /tmp/x/998.py.\n"
+            "```python\nxlaunch.launch(train, args=(1, {'a': 2}),\n    num_procs=2, timeout=f(x=1))\n```\n"
+            "accelerate.notebook_launcher(f, num_processes=n) and torch_xla.launch(fn, args)")
+    assert named_py_files(text) == {"bench/compare.py", "train.py"}
+    assert launch_calls(text) == [("notebook_launcher", ["args", "num_procs", "timeout"])]
+
+
+def test_every_py_file_a_page_names_exists():
+    files = {path.name for path in ROOT.rglob("*.py") if ".git" not in path.parts}
+    missing = []
+    for page in PAGES:
+        for name in sorted(named_py_files(page_text(page))):
+            if name in USER_SCRIPTS:
+                continue
+            found = ((ROOT / name).is_file() or (page.parent / name).is_file()
+                     or ("/" not in name and name in files))
+            if not found:
+                missing.append(f"{page.relative_to(ROOT)}: {name}")
+    assert not missing, "pages name .py files this source does not have:\n" + "\n".join(missing)
+
+
+def launch_calls(text: str) -> list[tuple[str, list[str]]]:
+    """(launcher, keyword names) for every call of xlaunch's launchers a page shows, in code or
+    prose, across lines; calls of accelerate's or torch_xla's own launchers are left out."""
+    calls = []
+    for match in re.finditer(r"(?:\b(\w+)\.)?\b(notebook_launcher|launch|debug_launcher)\(", text):
+        if match.group(1) not in (None, "xlaunch"):
+            continue  # accelerate.notebook_launcher, torch_xla.launch: not ours
+        depth, outer, quote = 1, [], ""
+        for char in text[match.end():match.end() + 2000]:
+            if quote:
+                quote = "" if char == quote else quote
+            elif char in "\"'":
+                quote = char
+            elif char in "([{":
+                depth += 1
+            elif char in ")]}":
+                depth -= 1
+                if depth == 0:
+                    break
+            if depth == 1 and not quote:
+                outer.append(char)
+        keywords = re.findall(r"(?<![\w=!<>])(\w+)\s*=(?!=)", "".join(outer))
+        calls.append((LAUNCHERS[match.group(2)], keywords))
+    return calls
+
+
+def test_every_launch_parameter_a_page_names_exists():
+    import inspect
+
+    import xlaunch
+
+    parameters = {name: set(inspect.signature(getattr(xlaunch, name)).parameters)
+                  for name in set(LAUNCHERS.values())}
+    seen, unknown = 0, []
+    for page in PAGES:
+        for launcher, keywords in launch_calls(page_text(page)):
+            seen += 1
+            unknown += [f"{page.relative_to(ROOT)}: {launcher}({keyword}=...)"
+                        for keyword in keywords if keyword not in parameters[launcher]]
+    assert seen >= 20, seen
+    assert not unknown, "calls naming parameters the launcher does not have:\n" + "\n".join(unknown)
+
+
+def test_the_parameter_table_is_the_signature():
+    import inspect
+
+    import xlaunch
+
+    page = (ROOT / "docs" / "api" / "launch.md").read_text()
+    table = page.split("### Parameters", 1)[1].split("\n\n", 2)[1]
+    documented = re.findall(r"^\| `(\w+)` \|", table, re.M)
+    assert documented and len(documented) == len(set(documented)), documented
+    assert set(documented) == set(inspect.signature(xlaunch.notebook_launcher).parameters)
+
+
+def keyword_only() -> list[str]:
+    import inspect
+
+    import xlaunch
+
+    return [name for name, parameter in inspect.signature(xlaunch.notebook_launcher).parameters.items()
+            if parameter.kind is parameter.KEYWORD_ONLY]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md", "docs/accelerate.md"])
+def test_the_parameters_added_to_accelerates_signature_are_listed_the_same(page: str):
+    # What xlaunch adds to accelerate's notebook_launcher: its keyword-only parameters, as help()
+    # shows them. Each page that introduces the call lists them all, in one passage, in order.
+    added = keyword_only()
+    assert len(added) >= 5, added
+    passages = [" ".join(p.split()) for p in re.split(r"\n\s*\n", (ROOT / page).read_text())
+                if "keyword-only" in p]
+    listing = ", ".join(f"`{name}`" for name in added[:-1]) + f" and `{added[-1]}`"
+    assert any(listing in passage for passage in passages), (listing, passages)
+
+
+REPORT_RULE = ("shown when it has something to say: always on the TPU paths (xla, torch_tpu), on "
+               "the other paths only when it has a warning or torch.compile counters, never when no "
+               "rank reported; a table in a notebook, text on stderr elsewhere")
+
+
+@pytest.mark.parametrize("where", ["README.md", "docs/report.md", "docs/api/launch.md",
+                                   "the report= docstring"])
+def test_one_description_of_when_the_report_shows(where: str):
+    import inspect
+
+    import xlaunch
+
+    if where == "the report= docstring":
+        doc = inspect.getdoc(xlaunch.notebook_launcher) or ""
+        text = doc.split("report:", 1)[1].split("stop_grace:", 1)[0]
+    else:
+        text = (ROOT / where).read_text()
+    assert REPORT_RULE in normalized(text), where
+
+
+def test_the_index_is_right_about_torch_tpu():
+    # TorchTPU spawns its workers (the function travels pickled, by value) and its handshake
+    # listens on every interface: the overview must not promise otherwise.
+    page = normalized((ROOT / "docs" / "index.md").read_text()).lower()
+    for untrue in ("nothing is pickled", "no socket beyond loopback"):
+        assert untrue not in page, untrue
+    assert "cloudpickle" in page and "every interface" in page
+
+
+def test_the_readme_is_for_users():
+    readme = (ROOT / "README.md").read_text()
+    assert "No path has run on real TPUs or GPUs yet" in readme
+    assert "`xlaunch check`" in readme and "bench/README.md" in readme
+    assert "bash scripts/demo.sh" in readme and "bash scripts/test.sh" in readme
+    assert "pip install build" in readme and "LICENSE" in readme
+    # Benchmark notes live in bench/README.md: no times of day, no path outside this source, and
+    # no "last release" (there has been none).
+    assert not re.search(r"\b\d{1,2}:\d\d UTC\b", readme), "times of day belong in bench/README.md"
+    assert "../" not in readme and "last release" not in readme.lower()
+    assert len(readme.splitlines()) < 200

@@ -89,5 +89,30 @@ def test_each_page_with_a_marked_line_also_gives_the_line_that_works_now():
         marked = [line for line in lines if MARK in line.lower() and "pip install" in line]
         if marked:
             works = [line for line in lines if "pip install" in line and MARK not in line.lower()
-                     and re.search(r"xlaunch-\*\.whl|\.whl|\./xlaunch|/xlaunch\b", line)]
+                     and re.search(r"xlaunch-\*\.whl|\.whl|\./xlaunch|/xlaunch\b|\{wheel\}", line)]
             assert works, f"{page}: only the line for after the first release: {marked}"
+
+
+def passages() -> list[tuple[str, str]]:
+    """(where, text) for every paragraph of the README and the docs and every notebook cell,
+    whitespace made single, so a sentence wrapped over lines reads as one."""
+    found = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for index, paragraph in enumerate(re.split(r"\n\s*\n", page.read_text())):
+            found.append((f"{page.relative_to(ROOT)} paragraph {index}", " ".join(paragraph.split())))
+    for notebook in sorted((ROOT / "colab").glob("*.ipynb")):
+        for index, cell in enumerate(json.loads(notebook.read_text())["cells"]):
+            text = " ".join("".join(cell["source"]).split())
+            found.append((f"{notebook.relative_to(ROOT)} cell {index}", text))
+    return found
+
+
+def test_every_build_of_the_wheel_says_pip_install_build_first():
+    # A fresh Python has no `build` module: "python -m build" alone fails with "No module named
+    # build". Each place that says to run it says, before it, to install it.
+    building = [(where, text) for where, text in passages() if "python -m build" in text]
+    assert len(building) >= 5, building
+    bare = [f"{where}: {text[:160]}" for where, text in building
+            if any("pip install build" not in text[:at]
+                   for at in [m.start() for m in re.finditer(r"python -m build", text)])]
+    assert not bare, "`python -m build` without `pip install build` before it:\n" + "\n".join(bare)

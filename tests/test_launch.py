@@ -265,6 +265,19 @@ def test_named_port_taken_is_an_error_naming_it():
             notebook_launcher(master_port, num_processes=2, use_port=str(port))
 
 
+@pytest.mark.parametrize("named", ["29500", 29500])
+def test_the_default_port_named_explicitly_and_taken_is_an_error_naming_it(named):
+    # A port the user named is theirs, the default's number included: no quiet move elsewhere.
+    with socket.socket() as holder:
+        try:
+            holder.bind(("127.0.0.1", 29500))
+            holder.listen()
+        except OSError:  # already held by another program: taken all the same
+            pass
+        with pytest.raises(RuntimeError, match=r"port 29500 .*already in use \(use_port='29500'\)"):
+            notebook_launcher(master_port, num_processes=2, use_port=named)
+
+
 def test_named_free_port_is_used():
     port = free_port()
     assert notebook_launcher(master_port, num_processes=2, use_port=str(port)) == port

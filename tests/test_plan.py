@@ -7,6 +7,7 @@ option and the path, and a value of the wrong type is a TypeError naming the par
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,24 @@ def test_decisions_live_in_the_plan() -> None:
     spec = plan(CPU, num_processes=2).spec
     assert spec.cpu_threads == 1 and spec.socket_ifname == "lo"  # 2 cores / 2 processes
     assert spec.monitor_interval == 0.1 and spec.port > 0
+
+
+def test_only_a_port_left_at_its_default_may_fall_back() -> None:
+    # The plan knows whether the caller passed use_port, not only what it reads: the default's
+    # number named explicitly (as a str or an int) is the caller's port, like any other.
+    assert plan(CPU, num_processes=2).spec.port_fallback
+    for named in ("29500", 29500, "29511"):
+        spec = plan(CPU, num_processes=2, use_port=named).spec
+        assert not spec.port_fallback and spec.port == int(named), named
+    assert not plan(CPU, num_processes=2, num_nodes=2).spec.port_fallback  # other nodes know it
+
+
+def test_help_still_shows_the_default_port_as_29500() -> None:
+    import pydoc
+
+    parameter = inspect.signature(notebook_launcher).parameters["use_port"]
+    assert parameter.default == "29500" and repr(parameter.default) == "'29500'"
+    assert "use_port: 'str' = '29500'" in pydoc.render_doc(notebook_launcher, renderer=pydoc.plaintext)
 
 
 @pytest.mark.parametrize("option, value", [

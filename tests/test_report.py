@@ -71,7 +71,9 @@ def launch_on_a_small_machine(report: bool) -> None:
 
 def test_report_true_prints_the_warnings_and_false_prints_nothing(capfd):
     launch_on_a_small_machine(report=True)
-    assert "xlaunch: warning: host memory: rank 0 peaked at" in capfd.readouterr().err
+    printed = capfd.readouterr().err
+    assert "xlaunch report: elastic launch, 2 rank(s) reported" in printed  # what it is about
+    assert "\nwarning: host memory: rank 0 peaked at" in printed
     launch_on_a_small_machine(report=False)
     assert "warning" not in capfd.readouterr().err
     report = last_report()  # kept all the same
@@ -103,3 +105,75 @@ def test_the_rank_record_round_trips():
     rank = RankReport(3, 1.5, 7, compiles=2, cpu_fallbacks={"aten::median": 1},
                       compile_sources=(("a.py:1", 2),))
     assert RankReport.from_json(rank.to_json()) == rank
+
+
+# When a launch shows its report: (path, has a warning, has torch.compile counters, no rank
+# reported) -> shown. Always on the TPU paths; elsewhere only with a warning or torch.compile
+# counters; never when no rank reported (an empty table says nothing).
+SHOWN = [
+    # path        warning compile empty  shown
+    ("xla",       False,  False,  False, True),
+    ("xla",       True,   False,  False, True),
+    ("xla",       False,  True,   False, True),
+    ("xla",       True,   True,   False, True),
+    ("xla",       False,  False,  True,  False),
+    ("xla",       True,   False,  True,  False),
+    ("torch_tpu", False,  False,  False, True),
+    ("torch_tpu", True,   False,  False, True),
+    ("torch_tpu", False,  True,   False, True),
+    ("torch_tpu", False,  False,  True,  False),
+    ("elastic",   False,  False,  False, False),
+    ("elastic",   True,   False,  False, True),
+    ("elastic",   False,  True,   False, True),
+    ("elastic",   True,   True,   False, True),
+    ("elastic",   False,  False,  True,  False),
+    ("elastic",   True,   False,  True,  False),
+    ("inline",    False,  False,  False, False),
+    ("inline",    True,   False,  False, True),
+    ("inline",    False,  True,   False, True),
+    ("inline",    False,  False,  True,  False),
+]
+
+
+def a_report(path, warning: bool, compile_counters: bool, empty: bool) -> LaunchReport:
+    counters = dict(dynamo_graphs=1, dynamo_graph_breaks=0, dynamo_recompiles=0) if compile_counters else {}
+    ranks = () if empty else tuple(RankReport(rank, 1.0, 100 * MIB, **counters) for rank in (0, 1))
+    warnings = ("host memory: rank 0 peaked at ...",) if warning else ()
+    return LaunchReport(path, 2.0, ranks, warnings, memory_total=8 * 2**30)
+
+
+@pytest.mark.parametrize("path, warning, compile_counters, empty, shown", SHOWN)
+def test_when_the_report_is_shown(path, warning, compile_counters, empty, shown):
+    from xlaunch.result.report import report_shown
+
+    assert report_shown(a_report(path, warning, compile_counters, empty)) is shown
+
+
+@pytest.mark.parametrize("in_notebook", [True, False], ids=["notebook", "terminal"])
+@pytest.mark.parametrize("path, warning, compile_counters, empty, shown", SHOWN)
+def test_a_launch_shows_the_report_by_that_rule_as_a_table_or_as_text(
+        monkeypatch, capsys, in_notebook, path, warning, compile_counters, empty, shown):
+    from xlaunch import api
+    from xlaunch.plan import LaunchOptions, make_plan
+
+    displayed: list[object] = []
+    monkeypatch.setattr(api, "_kernel_display", lambda: displayed.append if in_notebook else None)
+    report = a_report(path, warning, compile_counters, empty)
+    for enabled in (True, False):
+        plan = make_plan(xlaunch.detect(), LaunchOptions(num_processes=2, report=enabled))
+        api._print_report(plan, report)
+        printed = capsys.readouterr().err
+        if enabled and shown and in_notebook:
+            assert displayed == [report] and printed == ""
+        elif enabled and shown:
+            assert displayed == [] and printed == str(report) + "\n"
+        else:  # nothing to say, or report=False
+            assert displayed == [] and printed == ""
+        displayed.clear()
+
+
+def test_repr_is_the_text_summary():
+    report = a_report("elastic", warning=True, compile_counters=True, empty=False)
+    assert repr(report) == str(report)
+    assert repr(report).startswith("xlaunch report: elastic launch, 2 rank(s) reported, 2.00 s\n")
+    assert "RankReport(" not in repr(report) and "warning: host memory" in repr(report)

@@ -98,7 +98,7 @@ def test_a_loop_that_keeps_recompiling_is_warned_about():
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr
     warning = [line for line in result.stderr.splitlines()
-               if line.startswith("xlaunch: warning: torch.compile recompilation: rank")]
+               if line.startswith("warning: torch.compile recompilation: rank")]
     assert warning, result.stderr
     assert "recompiled 6 times" in warning[0] and "TORCH_LOGS=recompiles" in warning[0]
 

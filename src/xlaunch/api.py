@@ -17,6 +17,7 @@ from xlaunch.detect import detect
 from xlaunch.plan import LaunchOptions, LaunchPlan, make_plan
 from xlaunch.plan.options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT, DEFAULT_STOP_GRACE
 from xlaunch.result import LaunchReport, judge, make_report
+from xlaunch.result.report import report_shown
 
 
 def notebook_launcher(
@@ -79,8 +80,11 @@ def notebook_launcher(
             GPUs), in ``$XLAUNCH_COMPILE_CACHE`` or ``~/.cache/xlaunch/xla-compile``; False:
             off; True or a folder: on, there, on any XLA device. Each replica process keeps its
             own sub-folder. Delete the folder to clear it.
-        report: after the launch, `last_report()` says what each rank did; the XLA path prints
-            it, other paths print only its warnings. ``False`` prints nothing.
+        report: after every launch `last_report()` says what each rank did. It is shown when
+            it has something to say: always on the TPU paths (xla, torch_tpu), on the other
+            paths only when it has a warning or torch.compile counters, never when no rank
+            reported; a table in a notebook, text on stderr elsewhere. ``False`` shows nothing
+            (the report is still kept).
         stop_grace: every stop (the timeout, the stop button, a failed peer, a restart) sends
             each worker SIGTERM, then SIGKILL after this many seconds: time for an
             `xlaunch.on_stop` callback (or the worker's own SIGTERM handler) to save a
@@ -149,18 +153,15 @@ _LAST_REPORT: LaunchReport | None = None
 
 
 def _print_report(plan: LaunchPlan, report: LaunchReport) -> None:
-    """In a notebook the table is displayed (every path); elsewhere the TPU paths print the whole
-    block (what TPU users need), others only its warnings."""
-    if not plan.report:
+    """Show the report when it has something to say (`report_shown`): a table in a notebook,
+    text on stderr elsewhere."""
+    if not plan.report or not report_shown(report):
         return
     display = _kernel_display()
     if display is not None:
         display(report)
-    elif plan.path in ("xla", "torch_tpu"):
-        print(report, file=sys.stderr)
     else:
-        for text in report.warnings:
-            print(f"xlaunch: warning: {text}", file=sys.stderr)
+        print(report, file=sys.stderr)
 
 
 def _kernel_display() -> Callable[[Any], None] | None:

@@ -30,6 +30,9 @@ TPU_MENUS = {"tpu_colab_quickstart.ipynb": "Runtime > Change runtime type > TPU"
              "tpu_kaggle.ipynb": "Settings > Accelerator > TPU"}
 TPU_NOTEBOOKS = set(TPU_MENUS)
 REQUIRED_TAGS = ("install", "env", "train", "launch", "check")
+# Where each notebook's install cell looks for the uploaded wheel, by platform.
+PLATFORM_FOLDERS = {"tpu_colab_quickstart.ipynb": ("/content",), "tpu_kaggle.ipynb": ("/kaggle/input",),
+                    "gpu_cpu_fallback.ipynb": ("/content", "/kaggle/input")}
 RESULT_MARK = "XLAUNCH-TEST-RESULT "
 
 
@@ -71,7 +74,12 @@ def test_notebook_is_stripped_v4_and_complete(path: Path):
     assert "notebook_launcher(train" in launch and "result = " in launch
     # Plain xlaunch everywhere (no extra): the TPU images' torch, torch_xla and libtpu stay as
     # they are. Until the first release, from the wheel; the PyPI line is marked for later.
-    assert re.search(r"^\s*%pip install --quiet /\S+/xlaunch-\*\.whl$", install, re.M), install
+    assert re.search(r"^\s*%pip install --quiet \{wheel\}$", install, re.M), install
+    assert 'os.environ.get("XLAUNCH_WHEEL_DIR", ' in install and "raise FileNotFoundError" in install
+    # The wheel is looked for before pip runs, where the platform puts uploads.
+    assert install.index("raise FileNotFoundError") < install.index("%pip install")
+    for folder in PLATFORM_FOLDERS[path.name]:
+        assert f'"{folder}"' in install, (folder, install)
     assert re.search(r"^\s*# after the first release: %pip install --quiet xlaunch$", install,
                      re.M), install
     if path.name in TPU_NOTEBOOKS:
@@ -182,3 +190,115 @@ def test_tpu_notebook_stops_on_a_runtime_without_a_tpu(name: str, kernel_env: di
     assert "needs a TPU runtime" in error.evalue and TPU_MENUS[name] in error.evalue, error.evalue
     assert "gpu_cpu_fallback.ipynb" in error.evalue
     assert tagged(nb, "launch").outputs == [], "nothing ran after the stop"
+
+
+# Each notebook on each platform it serves: (notebook, platform variables, where the wheel sits
+# below the searched folder, what the stop sentence tells the user to do).
+INSTALLS = [
+    ("tpu_colab_quickstart.ipynb", {}, "", "upload xlaunch-0.1.0-py3-none-any.whl with the Files panel"),
+    ("tpu_kaggle.ipynb", {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, "my-wheel/",
+     "as a dataset (Add Input > Upload)"),
+    ("gpu_cpu_fallback.ipynb", {}, "", "upload xlaunch-0.1.0-py3-none-any.whl with the Files panel"),
+    ("gpu_cpu_fallback.ipynb", {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, "my-wheel/",
+     "as a dataset (Add Input > Upload)"),
+]
+
+INSTALL_IDS = ["colab-tpu", "kaggle-tpu", "gpu_cpu-on-colab", "gpu_cpu-on-kaggle"]
+
+
+def user_kernel_env(kernel_env: dict[str, str], uploads: Path, platform: dict[str, str]) -> dict[str, str]:
+    """A user's runtime: no test flag (the install cell runs for real), the platform's variables,
+    and the cell's search pointed at ``uploads`` instead of /content or /kaggle/input."""
+    env = {k: v for k, v in kernel_env.items()
+           if k != "XLAUNCH_NOTEBOOK_CI" and not k.startswith("KAGGLE_")}
+    return dict(env, XLAUNCH_WHEEL_DIR=str(uploads), **platform)
+
+
+def a_wheel(folder: Path) -> Path:
+    """A small, valid wheel named as the build names xlaunch's (pip reads only its metadata here)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = "xlaunch-0.1.0.dist-info"
+    files = {f"{info}/METADATA": "Metadata-Version: 2.1\nName: xlaunch\nVersion: 0.1.0\n",
+             f"{info}/WHEEL": ("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                               "Tag: py3-none-any\n")}
+
+    def digest(text: str) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+
+    record = "".join(f"{name},sha256={digest(text)},{len(text)}\n" for name, text in files.items())
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "xlaunch-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+        archive.writestr(f"{info}/RECORD", record + f"{info}/RECORD,,\n")
+    return wheel
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name, platform, below, told", INSTALLS, ids=INSTALL_IDS)
+def test_run_all_without_the_wheel_stops_at_the_install_cell_saying_where_to_upload_it(
+        name: str, platform: dict[str, str], below: str, told: str, kernel_env: dict[str, str],
+        tmp_path: Path):
+    """Run all before uploading the wheel: the install cell stops it in one sentence, pip never
+    runs (no "not a valid wheel filename"), and no later cell runs (no `xlaunch: command not found`)."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    uploads = tmp_path / "uploads"
+    (uploads / "some-other-dataset").mkdir(parents=True)  # what else a user has there
+    (uploads / "some-other-dataset" / "train.csv").write_text("x\n")
+    nb = nbformat.read(COLAB / name, as_version=4)
+    client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=CELL_TIMEOUT,
+                            startup_timeout=STARTUP_TIMEOUT)
+    stopped_at = None
+    with client.setup_kernel(env=user_kernel_env(kernel_env, uploads, platform), cwd=str(tmp_path)):
+        for index, cell in enumerate(nb.cells):
+            try:
+                client.execute_cell(cell, index)
+            except CellExecutionError:
+                stopped_at = index
+                break
+    install = tagged(nb, "install")
+    assert stopped_at is not None and nb.cells[stopped_at] is install, stopped_at
+    (error,) = [o for o in install.outputs if o.output_type == "error"]
+    assert error.ename == "FileNotFoundError", error
+    sentence = error.evalue
+    assert sentence.startswith(f"No xlaunch wheel in {uploads}") and told in sentence, sentence
+    assert sentence.endswith("then run this cell again.") and sentence.count(". ") == 0, sentence
+    printed = "".join(o.get("text", "") for o in install.outputs if o.output_type == "stream")
+    assert "pip" not in printed.lower() and "not a valid wheel" not in printed, printed
+    later = [cell for cell in nb.cells[stopped_at + 1:] if cell.cell_type == "code"]
+    assert later and all(cell.outputs == [] for cell in later), "cells after the stop ran"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name, platform, below, told", INSTALLS, ids=INSTALL_IDS)
+def test_the_install_cell_installs_the_uploaded_wheel(
+        name: str, platform: dict[str, str], below: str, told: str, kernel_env: dict[str, str],
+        tmp_path: Path):
+    """With the wheel where the platform puts it, the cell runs pip on that file. pip runs for
+    real in the kernel, as a dry run that writes its installation report: this venv is left as
+    it is (PIP_TARGET too, should the dry run not hold)."""
+    from nbclient import NotebookClient
+
+    uploads = tmp_path / "uploads"
+    wheel = a_wheel(uploads / below)
+    report = tmp_path / "pip-report.json"
+    env = dict(user_kernel_env(kernel_env, uploads, platform), PIP_DRY_RUN="1",
+               PIP_REPORT=str(report), PIP_NO_INDEX="1", PIP_IGNORE_INSTALLED="1",
+               PIP_TARGET=str(tmp_path / "target"), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    nb = nbformat.read(COLAB / name, as_version=4)
+    install = tagged(nb, "install")
+    client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=CELL_TIMEOUT,
+                            startup_timeout=STARTUP_TIMEOUT)
+    with client.setup_kernel(env=env, cwd=str(tmp_path)):
+        client.execute_cell(install, nb.cells.index(install))
+    assert not [o for o in install.outputs if o.output_type == "error"], install.outputs
+    installed = json.loads(report.read_text())["install"]
+    assert [(item["metadata"]["name"], item["download_info"]["url"]) for item in installed] == [
+        ("xlaunch", wheel.as_uri())]
+    assert not (tmp_path / "target").exists()

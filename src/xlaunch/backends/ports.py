@@ -9,7 +9,9 @@ def choose_port(use_port: str | int, is_default: bool, master_addr: str, *, loop
                 owner: bool) -> int:
     """The port to use: the given one when free; a free one when the default is taken on one node.
 
-    A port the user named that is taken is an error naming it. Only node 0 (``owner``) listens
+    ``is_default``: the caller left ``use_port`` at its default (the plan's ``port_fallback``,
+    known from the argument itself, not from its value). A port the caller named that is taken,
+    the default's number "29500" included, is an error naming it. Only node 0 (``owner``) listens
     there; other nodes take the port they were given.
     """
     port = int(use_port)
@@ -24,7 +26,8 @@ def choose_port(use_port: str | int, is_default: bool, master_addr: str, *, loop
     raise RuntimeError(
         f"port {port} on {host or master_addr} is already in use (use_port={str(use_port)!r}): "
         "another launch or program holds it. Pass another use_port"
-        + (", or leave use_port at its default to pick a free port." if loopback else "."))
+        + (", or leave use_port out: left at its default, a taken port is replaced by a free one."
+           if loopback else "."))
 
 
 def port_free(host: str, port: int) -> bool:

@@ -10,11 +10,14 @@ import argparse
 import json
 import os
 import platform
+import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from xlaunch.cli.options import add_launch_arguments, options_from, usage_error
-from xlaunch.detect import detect
+from xlaunch.detect import Machine, detect
+from xlaunch.detect.machine import Gpus
 from xlaunch.detect.runtime import install_line, installed_version, installed_versions
 from xlaunch.plan import LaunchOptions, make_plan
 from xlaunch.plan.specs import PATHS
@@ -29,6 +32,10 @@ VARIABLES = (
     "TORCH_DEVICE_BACKEND_AUTOLOAD",
 )
 
+# The NCCL that torch's CUDA wheels load comes as its own package, one per CUDA major release.
+NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+REFUSED_EXIT = 2  # the launch described would be refused: the same status as ``xlaunch run``'s
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -42,8 +49,11 @@ def main(args: argparse.Namespace) -> int:
         return usage_error(str(error))
     report = env_report(options=options)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
-    # A plan refused is an answer (exit 0); an environment that cannot be read is an error.
-    return 0 if report["environment"] is not None else 1
+    # The table is printed either way; the status says whether the launch it describes would run
+    # (2: refused, as `xlaunch run` with the same options exits), 1: the environment is unreadable.
+    if report["environment"] is None:
+        return 1
+    return REFUSED_EXIT if report["refusal"] is not None else 0
 
 
 def env_report(
@@ -53,14 +63,23 @@ def env_report(
     """What `xlaunch env` shows, as plain data (the ``--json`` output), for `detect`'s inputs."""
     variables = os.environ if environ is None else environ
     environment = plan = refusal = None
+    machine = Machine.here(str(root))  # the cores and memory the plan's refusals quote
     try:
         env = detect(environ, root)
         environment = env.as_dict()
-        plan = make_plan(env, options).as_dict()
+        plan = make_plan(env, options, machine).as_dict()
     except (ValueError, RuntimeError) as error:  # a bad XLAUNCH_ACCELERATOR, a refused launch
         refusal = str(error)
+    gpus = Gpus.here(root)
     return {
         "environment": environment,
+        "machine": {
+            "cpu_cores": machine.cores,
+            "memory_available": machine.memory_available,
+            "memory_total": machine.memory_total,
+            "gpus": list(gpus.names),
+            "nvidia_driver": gpus.driver,
+        },
         "plan": plan,
         "refusal": refusal,
         "missing": missing(plan, environment),
@@ -70,9 +89,45 @@ def env_report(
             "os": "{0.sysname}-{0.release}-{0.machine}".format(os.uname()),
             "xlaunch": installed_version("xlaunch"),
             **installed_versions(),
+            "numpy": installed_version("numpy"),
+            **cuda_versions(),
         },
         "variables": {name: variables[name] for name in VARIABLES if name in variables},
     }
+
+
+def cuda_versions() -> dict[str, str | None]:
+    """The CUDA release torch was built for and the NCCL version it loads; None where absent.
+
+    Read without importing torch (`xlaunch env` imports none, and a notebook must reach its launch
+    with CUDA untouched): torch's own ``torch/version.py`` read as a file, and the version of the
+    NCCL package its CUDA wheel installed. Where torch is already imported, torch itself is asked
+    (``torch.version.cuda``, ``torch.cuda.nccl.version()``: neither initialises CUDA).
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "version"):
+        cuda = getattr(torch.version, "cuda", None)
+        nccl = None
+        if cuda:
+            try:
+                nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
+            except Exception:  # a build without NCCL
+                nccl = None
+        return {"cuda": cuda, "nccl": nccl}
+    return {"cuda": _torch_cuda_from_file(), "nccl": next(
+        (version for version in map(installed_version, NCCL_PACKAGES) if version), None)}
+
+
+def _torch_cuda_from_file() -> str | None:
+    """``cuda = '12.8'`` in the installed torch's ``version.py`` (None on a CPU build)."""
+    from importlib import metadata
+
+    try:
+        text = metadata.distribution("torch").locate_file("torch/version.py").read_text()
+    except (metadata.PackageNotFoundError, OSError):
+        return None
+    found = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return found.group(1) if found else None
 
 
 def missing(plan: dict[str, Any] | None, environment: dict[str, Any] | None = None) -> list[str]:
@@ -110,6 +165,9 @@ def format_report(report: dict[str, Any]) -> str:
     if holders is not None:
         lines += _rows({"tpu_holders": "; ".join(
             f"pid {h['pid']} ({h['command']}) holds {h['device']}" for h in holders) or "none"})
+    if "machine" in report:
+        lines.append("machine (what a launch plans with)")
+        lines += _rows(_machine_rows(report["machine"]))
     lines.append("launch (xlaunch.launch(fn) with these options)")
     if report["environment"] is None:
         lines.append("  not planned: the environment could not be read")
@@ -120,10 +178,30 @@ def format_report(report: dict[str, Any]) -> str:
         lines += [_row("note", note) for note in plan["notes"]]
     lines += [_row("missing", text) for text in report.get("missing", ())]
     lines.append("versions")
-    lines += _rows(report["versions"])
+    versions = report["versions"]
+    # CUDA and NCCL only where present: a CPU build of torch has neither.
+    lines += _rows({key: value for key, value in versions.items()
+                    if value is not None or key not in ("cuda", "nccl")})
     lines.append("variables")
     lines += _rows(report["variables"] or {"(none set)": ""})
     return "\n".join(lines)
+
+
+def _machine_rows(machine: dict[str, Any]) -> dict[str, Any]:
+    """Cores and memory as the refusals quote them (MiB), then the GPUs the driver lists."""
+    available, total = machine["memory_available"], machine["memory_total"]
+    if available is None and total is None:
+        memory = None
+    else:
+        shown = [f"{available >> 20} MiB available" if available is not None else None,
+                 f"{total >> 20} MiB in all" if total is not None else None]
+        memory = ", ".join(part for part in shown if part)
+    rows: dict[str, Any] = {"cpu cores": machine["cpu_cores"], "memory": memory}
+    gpus = Gpus(tuple(machine["gpus"]), machine["nvidia_driver"])
+    rows["gpus"] = gpus.summary() or "none"
+    if gpus.driver:
+        rows["nvidia driver"] = gpus.driver
+    return rows
 
 
 def _runtime_row(environment: dict[str, Any], versions: dict[str, Any]) -> str | None:

@@ -61,3 +61,53 @@ def _memory(root: Path) -> tuple[int | None, int | None]:
     except (OSError, ValueError):
         pass
     return available, total
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """The NVIDIA GPUs the driver lists, read from its files: no CUDA context, no library loaded."""
+
+    names: tuple[str, ...] = ()  # one per GPU, as the driver names it ("NVIDIA H200")
+    driver: str | None = None  # the kernel module's version ("550.54.15")
+
+    @classmethod
+    def here(cls, root: str | os.PathLike[str] = "/") -> Gpus:
+        base = Path(root) / "proc" / "driver" / "nvidia"
+        names = []
+        try:
+            folders = sorted((base / "gpus").iterdir())
+        except OSError:
+            folders = []
+        for folder in folders:
+            model = "unknown model"
+            try:
+                for line in (folder / "information").read_text().splitlines():
+                    key, _, value = line.partition(":")
+                    if key.strip() == "Model":
+                        model = value.strip() or model
+                        break
+            except OSError:
+                pass
+            names.append(model)
+        return cls(tuple(names), _driver_version(base / "version"))
+
+    def summary(self) -> str | None:
+        """``"8 x NVIDIA H200"``, or each model with its count where they differ; None: no GPU."""
+        if not self.names:
+            return None
+        counts: dict[str, int] = {}
+        for name in self.names:
+            counts[name] = counts.get(name, 0) + 1
+        return ", ".join(f"{count} x {name}" for name, count in counts.items())
+
+
+def _driver_version(path: Path) -> str | None:
+    """``NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ...`` -> 550.54.15."""
+    try:
+        first = path.read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    for word in first.split("Kernel Module", 1)[-1].split():
+        if word[:1].isdigit():
+            return word
+    return None

@@ -16,7 +16,7 @@ from typing import Any, cast
 from xlaunch.detect.environment import Environment
 from xlaunch.detect.machine import Machine
 from xlaunch.names import Accelerator, DistBackend, MixedPrecision, StartMethod
-from xlaunch.plan.options import DEFAULT_PORT, LaunchOptions
+from xlaunch.plan.options import LaunchOptions, port_left_at_default
 from xlaunch.plan.refusals import check_values, refuse_unused
 from xlaunch.plan.specs import (
     ElasticSpec,
@@ -191,9 +191,10 @@ def engine_fields(options: LaunchOptions) -> dict[str, Any]:
     """What every launch whose workers form a torch.distributed group takes from the options."""
     return dict(
         port=int(options.use_port),
-        # A default port that is taken when the launch starts is replaced on one machine only:
-        # other nodes were told that port.
-        port_fallback=str(options.use_port) == DEFAULT_PORT and options.num_nodes == 1,
+        # A port left at its default that is taken when the launch starts is replaced, on one
+        # machine only (other nodes were told that port); a port the caller named, "29500"
+        # included, is theirs: taken, it is an error naming it.
+        port_fallback=port_left_at_default(options.use_port) and options.num_nodes == 1,
         node_rank=options.node_rank, master_addr=options.master_addr,
         rdzv_backend=options.rdzv_backend, rdzv_endpoint=options.rdzv_endpoint,
         rdzv_conf=dict(options.rdzv_conf or {}), rdzv_id=options.rdzv_id,

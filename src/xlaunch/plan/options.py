@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_PORT = "29500"
 DEFAULT_STOP_GRACE = 3.0  # seconds between a stop's SIGTERM and its SIGKILL
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
@@ -22,6 +21,20 @@ START_METHODS = ("fork", "spawn", "forkserver")
 
 class _Default(float):
     """A default that can be told from the same number passed on purpose (``is`` compares it)."""
+
+
+class _DefaultPort(str):
+    """The default port: it reads as "29500" (``help()`` shows ``use_port='29500'``), yet it can
+    be told from the same number passed on purpose (``is`` compares it). Only a port left at its
+    default is replaced by a free one when it is taken; a port the caller named is theirs."""
+
+
+DEFAULT_PORT: str = _DefaultPort("29500")
+
+
+def port_left_at_default(use_port: str | int) -> bool:
+    """Whether the caller left ``use_port`` alone (``"29500"`` passed explicitly is named)."""
+    return use_port is DEFAULT_PORT
 
 
 # accelerate's and torch elastic's default; a value passed on purpose is told from it (refusals).

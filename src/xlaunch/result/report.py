@@ -21,6 +21,7 @@ DYNAMO_RECOMPILES = 4  # dynamo recompiles once for a new shape (then marks it d
 MEMORY_NEAR = 0.8  # a rank whose peak passes this share of the machine's memory is warned about
 STEADY_COMPILES = 4  # a training loop compiles a handful of graphs (a warm-up), then reuses them
 LATE_COMPILES = 3  # graphs compiled in a run's later half beyond what a final evaluation adds
+TPU_PATHS = ("xla", "torch_tpu")  # where the report is always worth showing
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class RankReport:
 
 @dataclass(frozen=True)
 class LaunchReport:
-    """What the last launch did, per rank; ``str()`` is the summary printed after a launch."""
+    """What the last launch did, per rank; ``str()`` and ``repr()`` are the text summary."""
 
     path: PathName
     wall_seconds: float
@@ -74,11 +75,35 @@ class LaunchReport:
         lines += [f"warning: {text}" for text in self.warnings]
         return "\n".join(lines)
 
+    def __repr__(self) -> str:
+        # What a notebook's text/plain and a debugger show: the summary, not the dataclass's
+        # fields (about 1 KB for two ranks). The fields stay attributes.
+        return self.__str__()
+
+    @property
+    def has_compile_counters(self) -> bool:
+        """Whether some rank used ``torch.compile`` (dynamo's counters were read there)."""
+        return any(rank.dynamo_graphs is not None for rank in self.ranks)
+
     def _repr_html_(self) -> str:
         """A notebook's view: warnings above, highlighted, then a table with a row per rank."""
         from xlaunch.result.report_html import render
 
         return render(self)
+
+
+def report_shown(report: LaunchReport) -> bool:
+    """Whether a launch shows its report (the rule README, the docs and ``report=`` describe).
+
+    Shown when it has something to say: always on the TPU paths (``xla``, ``torch_tpu``), where
+    compilations and CPU fallbacks are what TPU users lose most time to; on the other paths only
+    when it has a warning or torch.compile counters. Never when no rank reported (a timeout before
+    any rank's function ended): an empty table says nothing. `notebook_launcher` displays it as a
+    table in a notebook, as text on stderr elsewhere; ``report=False`` shows nothing.
+    """
+    if not report.ranks:
+        return False
+    return report.path in TPU_PATHS or bool(report.warnings) or report.has_compile_counters
 
 
 def _rank_line(rank: RankReport) -> str:
