@@ -130,3 +130,16 @@ def test_a_replica_saves_its_checkpoint_at_the_timeout(tmp_path: Path,
     assert (tmp_path / "registered").exists(), str(caught.value)
     assert [p.read_text() for p in tmp_path.glob("saved-*")] == ["checkpoint"], str(caught.value)
     assert [f.cause for f in caught.value.failures] == ["timed-out"]
+
+
+def own_rank() -> int:
+    return xlaunch.ProcessState().process_index
+
+
+def test_two_replicas_in_one_process_launch_again_and_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The v2/v3 layout (two replicas as threads of one process): each replica joins the launch's
+    tree, and the caller's descriptor they inherited is closed once per process, never twice
+    (the second close hit another file: EBADF in a replica's pid file, 5 launches in 205)."""
+    monkeypatch.setenv("CPU_NUM_DEVICES", "2")
+    results = [xlaunch.notebook_launcher(own_rank, report=False) for _ in range(40)]
+    assert results == [0] * 40
