@@ -332,8 +332,30 @@ def accelerate_notebook_with_state(function: Callable[..., Any], args: tuple[Any
     return accelerate_notebook(with_partial_state, (function, *args), n)
 
 
+def _floor_worker(index: int, n: int, store_dir: str, function: Callable[..., Any],
+                  args: tuple[Any, ...]) -> None:
+    import torch.distributed as dist
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # as xlaunch's workers meet
+    store = dist.FileStore(os.path.join(store_dir, "store"), n)
+    dist.init_process_group("gloo", store=store, rank=index, world_size=n)
+    dist.barrier()
+    function(*args)
+
+
+def floor_start_processes(function: Callable[..., Any], args: tuple[Any, ...], n: int) -> Any:
+    """The floor: torch's own process layer, forking workers that form the same FileStore gloo
+    group and pass one barrier, with nothing else (no report, no tree, no records)."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="xlaunch-bench-floor-") as store_dir:
+        mp.start_processes(_floor_worker, args=(n, store_dir, function, args), nprocs=n,
+                           start_method="fork")
+
+
 LAUNCHERS: dict[str, Callable[..., Any]] = {
     "xlaunch.notebook_launcher": ours_notebook,
+    "floor: torch.multiprocessing.start_processes + FileStore group + barrier": floor_start_processes,
     "xlaunch.debug_launcher": ours_debug,
     "accelerate.notebook_launcher": accelerate_notebook,
     "accelerate.notebook_launcher, fn makes PartialState(cpu=True)": accelerate_notebook_with_state,
@@ -342,7 +364,9 @@ LAUNCHERS: dict[str, Callable[..., Any]] = {
 # (ours, theirs, goal on the ratio ours/theirs). Ours always forms the process group before the
 # function starts; accelerate's notebook_launcher leaves that to the function (the second pair).
 PAIRS = [
-    ("xlaunch.notebook_launcher", "accelerate.notebook_launcher", 0.5),
+    ("xlaunch.notebook_launcher",
+     "floor: torch.multiprocessing.start_processes + FileStore group + barrier", 1.2),
+    ("xlaunch.notebook_launcher", "accelerate.notebook_launcher", None),
     ("xlaunch.notebook_launcher", "accelerate.notebook_launcher, fn makes PartialState(cpu=True)", None),
     ("xlaunch.debug_launcher", "accelerate.debug_launcher", None),
 ]
@@ -560,6 +584,94 @@ def timed_interpreter(statement: str) -> tuple[float, float]:
     return float(done.stdout.strip().splitlines()[-1]), wall
 
 
+# ----------------------------------------------------------------------------------------------
+# Figure: a large returned value, moved from the worker to the caller
+
+VALUE_MB = 500
+
+
+def _big_value() -> Any:
+    import torch
+
+    return torch.ones(VALUE_MB * 2**20 // 4)  # float32: VALUE_MB MiB
+
+
+def _big_value_on_rank_0() -> Any:
+    """Only rank 0's value comes back; the other rank makes none (as the queue's one worker)."""
+    import torch.distributed as dist
+
+    return _big_value() if dist.get_rank() == 0 else None
+
+
+def _value_by_queue(queue: Any, received: Any) -> None:
+    queue.put(_big_value())
+    received.wait()  # the tensor's memory is handed over from this process: it must stay alive
+
+
+def _peak_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _current_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def value_child(side: str) -> None:
+    """In a fresh interpreter: one launch returning the value; seconds and peak memory added."""
+    import torch
+    import torch.multiprocessing as mp
+
+    os.environ["XLAUNCH_ACCELERATOR"] = "cpu"
+    import xlaunch  # noqa: F401  (imported before the clock, as a notebook has it)
+
+    before = _current_kib()
+    start = time.perf_counter()
+    if side == "ours":
+        value = xlaunch.notebook_launcher(_big_value_on_rank_0, num_processes=2, report=False)
+    else:  # a plain fork and queue: torch's reductions share the tensor's memory
+        context = mp.get_context("fork")
+        queue, received = context.SimpleQueue(), context.Event()
+        worker = context.Process(target=_value_by_queue, args=(queue, received))
+        worker.start()
+        value = queue.get()
+        received.set()
+        worker.join()
+    seconds = time.perf_counter() - start
+    assert isinstance(value, torch.Tensor) and float(value[-1]) == 1.0
+    float(value.sum())  # every page read, on both sides
+    print(json.dumps({"seconds": seconds, "extra_mib": (_peak_kib() - before) / 1024}))
+
+
+def value_figure(report: Report, repeats: int) -> None:
+    print(f"\n# A {VALUE_MB} MiB tensor returned to the caller (fresh interpreters)", flush=True)
+    samples: dict[str, list[float]] = {"ours": [], "queue": []}
+    memory: dict[str, list[float]] = {"ours": [], "queue": []}
+    for repetition in range(repeats):
+        for side in turns(["ours", "queue"], repetition):
+            done = subprocess.run([sys.executable, __file__, "--value-child", side],
+                                  capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                report.note(f"value, {side}, repetition {repetition + 1}: {done.stderr[-300:]}")
+                continue
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            samples[side].append(result["seconds"])
+            memory[side].append(result["extra_mib"])
+        print(f"  rep {repetition + 1}/{repeats}: ours {fmt(samples['ours'][-1:] and samples['ours'][-1])}"
+              f", fork and queue {fmt(samples['queue'][-1:] and samples['queue'][-1])}", flush=True)
+    peak = {side: f"{statistics.median(v):.0f} MiB" if v else "-" for side, v in memory.items()}
+    report.add([Row(f"Returning a {VALUE_MB} MiB tensor, call to value", "xlaunch.notebook_launcher",
+                    "a plain fork and queue (torch's shared-memory reduction)", samples["ours"],
+                    samples["queue"], goal=1.2,
+                    note=f"caller's peak memory above its start: ours {peak['ours']}, "
+                         f"fork and queue {peak['queue']}")])
+
+
 def cold_figure(report: Report, repeats: int) -> None:
     print("\n# Cold start in a fresh interpreter", flush=True)
     names = list(COLD)
@@ -697,11 +809,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", metavar="PATH", help="also write every sample and the machine here")
     parser.add_argument("--xla", action="store_true",
                         help="the XLA figure instead of the CPU ones (run with the torch_xla venv's python)")
-    parser.add_argument("--only", metavar="FIGURES", default="launch,failure,barrier,cold",
+    parser.add_argument("--only", metavar="FIGURES", default="launch,failure,barrier,value,cold",
                         help="comma-separated CPU figures to run: launch, failure, barrier, cold")
     parser.add_argument("--barrier-calls", type=int, default=None,
                         help="wait_for_everyone calls per launch (default 300; 50 with --quick)")
     parser.add_argument("--xla-child", nargs=2, metavar=("SIDE", "DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--value-child", metavar="SIDE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 2 if args.quick else 7
@@ -716,6 +829,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.xla_child:
         xla_child(*args.xla_child)
+        return 0
+    if args.value_child:
+        value_child(args.value_child)
         return 0
     command = "python bench/compare.py " + " ".join(sys.argv[1:] if argv is None else argv)
     options = dict(repeats=args.repeats, quick=args.quick, xla=args.xla, command=command.strip())
@@ -750,6 +866,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("A launch went wrong; the launchers' own output ends with:", file=sys.stderr)
                 print("\n".join(log.read_text(errors="replace").splitlines()[-40:]), file=sys.stderr)
                 raise
+        if "value" in figures:
+            value_figure(report, max(1, min(args.repeats, 5)))
         if "cold" in figures:
             cold_figure(report, max(args.repeats, 5))
     report.machine["load_after"] = load_average()

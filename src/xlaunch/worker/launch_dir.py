@@ -9,6 +9,7 @@ done and removes it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -25,6 +26,7 @@ from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.report import RankReport
 
 PREFIX = "xlaunch-"
+SHARED_MEMORY = Path("/dev/shm")  # where a returned value's bytes may go (worker/value.py)
 STACK_SIGNAL = signal.SIGUSR1
 
 
@@ -51,7 +53,7 @@ class LaunchDir:
         A launcher killed outright (SIGKILL, a kernel restart) cannot remove its directory; the
         next launch by the same user does, once the process that made it is gone.
         """
-        sweep_stale(Path(tempfile.gettempdir()))
+        sweep_stale(Path(tempfile.gettempdir()), SHARED_MEMORY)
         return cls(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
 
     def attempt_path(self, attempt: int) -> Path:
@@ -80,21 +82,30 @@ class LaunchDir:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+        for left in SHARED_MEMORY.glob(f"{Path(self.folder).name}-*"):  # a value's bytes
+            with contextlib.suppress(OSError):
+                left.unlink()
 
 
-def sweep_stale(temp: Path) -> None:
-    """Remove launch directories this user owns whose launcher process is gone."""
+def sweep_stale(temp: Path, shared: Path | None = None) -> None:
+    """Remove launch directories this user owns whose launcher process is gone, and the bytes
+    of values their workers left in shared memory."""
     uid = os.getuid()
-    for stale in temp.glob(f"{PREFIX}*-*"):
-        owner = stale.name[len(PREFIX):].split("-")[0]
-        try:
-            info = stale.lstat()
-        except OSError:
-            continue
-        if (info.st_uid != uid or not stat.S_ISDIR(info.st_mode) or not owner.isdigit()
-                or _process_exists(int(owner))):
-            continue
-        shutil.rmtree(stale, ignore_errors=True)
+    for folder, kind in ((temp, stat.S_ISDIR), (shared, stat.S_ISREG)):
+        for stale in folder.glob(f"{PREFIX}*-*") if folder is not None else ():
+            owner = stale.name[len(PREFIX):].split("-")[0]
+            try:
+                info = stale.lstat()
+            except OSError:
+                continue
+            if (info.st_uid != uid or not kind(info.st_mode) or not owner.isdigit()
+                    or _process_exists(int(owner))):
+                continue
+            if kind is stat.S_ISDIR:
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    stale.unlink()
 
 
 def _process_exists(pid: int) -> bool:
