@@ -271,7 +271,8 @@ def test_the_parameters_added_to_accelerates_signature_are_listed_the_same(page:
 
 REPORT_RULE = ("shown when it has something to say: always on the TPU paths (xla, torch_tpu), on "
                "the other paths only when it has a warning or torch.compile counters, never when no "
-               "rank reported; a table in a notebook, text on stderr elsewhere")
+               "rank reported; a table in a notebook, text on stderr elsewhere; a failed launch shows "
+               "none: its error carries it (error.report) and says its warnings")
 
 
 @pytest.mark.parametrize("where", ["README.md", "docs/report.md", "docs/api/launch.md",

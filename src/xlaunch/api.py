@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from xlaunch.backends import carry_out
 from xlaunch.detect import detect
@@ -83,8 +83,9 @@ def notebook_launcher(
         report: after every launch `last_report()` says what each rank did. It is shown when
             it has something to say: always on the TPU paths (xla, torch_tpu), on the other
             paths only when it has a warning or torch.compile counters, never when no rank
-            reported; a table in a notebook, text on stderr elsewhere. ``False`` shows nothing
-            (the report is still kept).
+            reported; a table in a notebook, text on stderr elsewhere; a failed launch shows
+            none: its error carries it (``error.report``) and says its warnings. ``False``
+            shows nothing (the report is still kept).
         stop_grace: every stop (the timeout, the stop button, a failed peer, a restart) sends
             each worker SIGTERM, then SIGKILL after this many seconds: time for an
             `xlaunch.on_stop` callback (or the worker's own SIGTERM handler) to save a
@@ -93,6 +94,7 @@ def notebook_launcher(
     Returns:
         What ``function`` returned in this machine's local process 0, tensors moved to the CPU.
     """
+    __tracebackhide__ = True  # IPython shows the user's call, then the message, not this frame
     args = _check_args(function, args)
     options = LaunchOptions(
         num_processes=num_processes, mixed_precision=mixed_precision, use_port=use_port,
@@ -117,6 +119,7 @@ def debug_launcher(
     stop_grace: float = DEFAULT_STOP_GRACE,
 ) -> Any:
     """Run ``function(*args)`` in ``num_processes`` CPU processes over gloo, whatever the machine."""
+    __tracebackhide__ = True
     args = _check_args(function, args)
     options = LaunchOptions(num_processes=num_processes, timeout=timeout, cpu_only=True,
                             stop_grace=stop_grace)
@@ -124,24 +127,41 @@ def debug_launcher(
 
 
 def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """Carry out a plan: say what runs, hand it to its backend, judge the outcome."""
+    """Carry out a plan: say what runs, hand it to its backend, judge the outcome.
+
+    A failed launch shows no report: the error follows the launch line at once, and carries the
+    report (``error.report``), its warnings in its text.
+    """
+    __tracebackhide__ = True
     for line in (*plan.notes, f"launching {plan.summary()}"):
         print(f"xlaunch: {line}", file=sys.stderr)
     if plan.accelerator == "cuda" and plan.path == "elastic":
         _refuse_initialised_cuda()
     started = time.perf_counter()
-    outcome = carry_out(plan, function, args)
+    try:
+        outcome = carry_out(plan, function, args)
+    except KeyboardInterrupt as stop:  # the stop button: raised anew, next to the user's call
+        interrupted = KeyboardInterrupt(*stop.args)
+        interrupted.__suppress_context__ = True
+        _raise(interrupted)
     report = make_report(plan.path, time.perf_counter() - started, outcome.rank_reports,
                          plan.memory_total)
     global _LAST_REPORT
     _LAST_REPORT = report
-    _print_report(plan, report)
     error = judge(outcome, report)
     if error is not None:
-        raise error from outcome.exception
+        error.__cause__ = outcome.exception
+        _raise(error)
+    _print_report(plan, report)
     if outcome.exception is not None:  # the engine failed before any worker ran
         raise outcome.exception
     return outcome.result
+
+
+# The one frame of xlaunch's a notebook shows above a launch's error: IPython hides frames that
+# set __tracebackhide__, but always shows the one an exception was raised in.
+def _raise(error: BaseException) -> NoReturn:
+    raise error  # the launch's error: its root cause, with the rank's own traceback, below
 
 
 def last_report() -> LaunchReport | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import re
 import time
 
 import psutil
@@ -176,6 +177,9 @@ notebook_launcher(sleeps, args=({str(pid_dir)!r},), num_processes=2)
     assert set(workers) <= set(during), "the workers are the kernel's own processes, seen while running"
     assert cell.status == "error" and cell.error is not None, cell.describe()
     assert cell.error["ename"] == "KeyboardInterrupt", cell.describe()
+    assert cell.error["evalue"] == "interrupted: every worker of the launch was stopped"
+    ours = [frame for frame in cell.error["traceback"] if "/xlaunch/" in frame]
+    assert len(ours) == 1 and "_raise" in ours[0], "the user's cell, then one line of xlaunch's"
 
     _, alive = psutil.wait_procs(workers, timeout=30)
     assert not alive, f"workers still alive after the interrupt: {alive}"
@@ -204,3 +208,23 @@ def test_the_stop_button_still_stops_plain_cells_after_the_launches(kernel, tmp_
                       timeout=180, while_running=interrupt_once_running)
     assert cell.status == "error" and cell.error is not None, cell.describe()
     assert cell.error["ename"] == "KeyboardInterrupt", cell.describe()
+
+
+def test_a_failed_launch_opens_on_the_users_call_then_the_message(kernel):
+    """IPython honours ``__tracebackhide__``: of xlaunch's own frames only the one that raises
+    shows (IPython always shows that one), a line, and no report sits between the launch line and
+    the error."""
+    cell = kernel.run('''
+def fails():
+    raise ValueError("bad batch 7")
+
+notebook_launcher(fails, num_processes=2)
+''')
+    assert cell.status == "error" and cell.error["ename"] == "LaunchError", cell.describe()
+    frames = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(cell.error["traceback"]))  # no colours
+    ours = [frame for frame in cell.error["traceback"] if "/xlaunch/" in frame]
+    assert len(ours) == 1 and "_raise" in ours[0], frames  # IPython shows the raising frame
+    assert len(ours[0].splitlines()) <= 5, ours[0]
+    assert "notebook_launcher(fails, num_processes=2)" in frames
+    assert "bad batch 7" in cell.error["evalue"]
+    assert not cell.displays, "no report table before the error"

@@ -177,10 +177,10 @@ class ProcessSet:
             if self._any_alive():
                 self._signal(signal.SIGKILL, f"{why}; still running after the {self.grace:g} s grace")
 
-    def close(self) -> None:
+    def close(self) -> list[int]:
         """The end of every attempt: nothing of it is left once this returns (within
-        ``END_WAIT_S``). What still runs is killed (noted, when it was a worker), every started
-        process is reaped, then the guard."""
+        ``END_WAIT_S``), or the pids of what is, returned. What still runs is killed (noted, when
+        it was a worker), every started process is reaped, then the guard."""
         with self._stopping:
             with self._lock:
                 self._stopped = True
@@ -198,6 +198,8 @@ class ProcessSet:
             while time.monotonic() < deadline:
                 os.killpg(self.pgid, 0)
                 time.sleep(POLL_S / 2)
+            return [p.pid for p in self._started if p.exitcode is None] or [self.pgid]
+        return [p.pid for p in self._started if p.exitcode is None]
 
     def _signal(self, number: int, why: str) -> None:
         """``number`` to every live process, recorded with the processes it reached."""

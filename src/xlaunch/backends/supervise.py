@@ -58,6 +58,35 @@ class Supervised(Protocol):
     def stop(self) -> bool:
         """Interrupted: stop everything; True when processes may exist, to wait for them."""
 
+    def end(self) -> list[int]:
+        """After everything: every process of the attempt ended; the pids of any left."""
+
+
+def run_attempt(launch: Supervised, timeout: float | None,
+                facts: Callable[[bool], Outcome]) -> Outcome:
+    """One attempt from start to end: supervised, its facts read (``facts(timed_out)``), then
+    every process of it ended, whatever happened. The stop button's KeyboardInterrupt says
+    whether every worker was stopped, or which process was left."""
+    ended = False
+    try:
+        return facts(supervise(launch, timeout))
+    except KeyboardInterrupt:
+        with signals_deferred():  # a second Ctrl-C must not cut the clean-up short
+            left, ended = launch.end(), True
+        raise KeyboardInterrupt(interrupted(left)) from None
+    finally:
+        if not ended:
+            with signals_deferred():
+                launch.end()
+
+
+def interrupted(left: list[int]) -> str:
+    if not left:
+        return "interrupted: every worker of the launch was stopped"
+    return (f"interrupted: the launch was stopped, but process{'es' if len(left) > 1 else ''} "
+            f"{', '.join(map(str, left))} did not end (in uninterruptible I/O?); "
+            f"`kill -9 {' '.join(map(str, left))}` ends {'them' if len(left) > 1 else 'it'}")
+
 
 def supervise(launch: Supervised, timeout: float | None) -> bool:
     """Run ``launch`` to its end in a launch thread; True when the timeout stopped it."""

@@ -97,9 +97,9 @@ class ProcessFailure:
 
     def what(self) -> str:
         if self.cause == Cause.FINISHED_EARLY:
-            return "finished early: its function returned while its peers still waited on it"
+            return "returned early"
         if self.cause == Cause.HELD:
-            return "its function returned, but threads it started keep its process alive"
+            return "its function returned, but its process did not end"
         if self.exc_type:
             return f"{self.exc_type}: {self.message}".rstrip().rstrip(":")
         if self.exitcode is None:
@@ -258,6 +258,10 @@ class LaunchError(RuntimeError):
 
     def _text(self) -> str:
         text = format_failures(self.failures, self.summary)
+        warnings = self.report.warnings if self.report is not None else ()
+        if warnings:
+            text += "\n\nthe launch report (error.report) warned:" + "".join(
+                f"\n  - {warning}" for warning in warnings)
         for number, attempt in enumerate(self.earlier_attempts, start=1):
             first = root_cause(attempt) or (attempt[0] if attempt else None)
             if first is not None:

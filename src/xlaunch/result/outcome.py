@@ -132,9 +132,9 @@ def _failure(rank_exit: RankExit, cause: Cause) -> ProcessFailure:
     if cause == Cause.DIED and not base.exc_type:
         message = _died(rank_exit.exitcode)
     elif cause == Cause.HELD:
-        message = ("its function returned, but its process did not end: threads it started "
-                   "(not daemon threads) keep it alive. Make them daemon threads, or stop and "
-                   "join them before the function returns; their stacks are below")
+        message = ("threads it started (not daemon threads) keep its process alive. Make them "
+                   "daemon threads, or stop and join them before the function returns; their "
+                   "stacks are below")
     # The status a rank meant to exit with is in its own record (``sys.exit(21)``); a process
     # that several replicas share, or that the pool ended afterwards, exits otherwise.
     exitcode = rank_exit.exitcode if rank_exit.record is None else base.exitcode
@@ -182,9 +182,9 @@ def _finished_early(rank_exit: RankExit, waiting: Sequence[ProcessFailure]) -> P
     return ProcessFailure(
         rank=rank_exit.rank, pid=rank_exit.pid,
         exitcode=rank_exit.exitcode if rank_exit.exitcode is not None else 0,
-        message=f"its function returned while its peers still waited on it ({ranks} in a "
-                "collective that this rank never called: the ranks called different "
-                "collectives, for example a barrier or an all-reduce under `if rank == 0:`)",
+        message=f"{ranks} still waited on it in a collective that this rank never called: "
+                "the ranks called different collectives, for example a barrier or an "
+                "all-reduce under `if rank == 0:`",
         traceback="".join(where), cause=Cause.FINISHED_EARLY)
 
 

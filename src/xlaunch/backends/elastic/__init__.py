@@ -32,7 +32,7 @@ from xlaunch.backends.elastic.attempt import DistAttempt
 from xlaunch.backends.elastic.job import Job, World
 from xlaunch.backends.elastic.rendezvous import NodeRendezvous
 from xlaunch.backends.ports import choose_port
-from xlaunch.backends.supervise import run_attempts, signals_deferred, supervise
+from xlaunch.backends.supervise import run_attempt, run_attempts, signals_deferred
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
 from xlaunch.result.outcome import Outcome
 from xlaunch.worker.launch_dir import LaunchDir, read_rank_reports
@@ -69,17 +69,15 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
 
         run = DistAttempt(plan, spec, make_job, launch_dir, attempt,
                           None if nodes is not None else here, nodes)
-        try:
-            timed_out = supervise(run, timeout)
-            exits = run.exits()
-            reports = tuple(read_rank_reports(run.folder))
-            result = read_value(run.folder)
-        finally:
-            with signals_deferred():  # a second Ctrl-C must not cut the clean-up short
-                run.end()
-        return Outcome(path=plan.path, world_size=plan.world_size, exits=exits, result=result,
-                       timed_out=timed_out, timeout=plan.timeout, rank_reports=reports,
-                       leader_failure=run.failure if not timed_out else None)
+
+        def facts(timed_out: bool) -> Outcome:
+            return Outcome(path=plan.path, world_size=plan.world_size, exits=run.exits(),
+                           result=read_value(run.folder), timed_out=timed_out,
+                           timeout=plan.timeout,
+                           rank_reports=tuple(read_rank_reports(run.folder)),
+                           leader_failure=run.failure if not timed_out else None)
+
+        return run_attempt(run, timeout, facts)
 
     try:
         return run_attempts(spec.max_restarts, plan.timeout, one_attempt)

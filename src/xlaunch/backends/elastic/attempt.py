@@ -124,9 +124,9 @@ class DistAttempt:
         # Several nodes still meeting: nothing of ours runs yet and the wait cannot be cut short.
         return owner is not None or self.world is not None
 
-    def end(self) -> None:
-        if self.owner is not None:
-            self.owner.close()
+    def end(self) -> list[int]:
+        """Every process of the attempt ended; the pids of any that could not be."""
+        return self.owner.close() if self.owner is not None else []
 
     # --- the facts ----------------------------------------------------------------------------
 

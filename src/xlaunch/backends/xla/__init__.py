@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xlaunch import _compat
-from xlaunch.backends.supervise import run_attempts, signals_deferred, supervise
+from xlaunch.backends.supervise import run_attempt, run_attempts, signals_deferred
 from xlaunch.backends.xla.attempt import XlaAttempt
 from xlaunch.backends.xla.replica import Job
 from xlaunch.detect.runtime import install_line
@@ -48,17 +48,15 @@ def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
         job = Job(function, args, setup, attempt, compile_cache=spec.compile_cache,
                   replicas_per_process=spec.threads_per_process)
         run = XlaAttempt(plan, spec, job)
-        try:
-            timed_out = supervise(run, timeout)
-            exits, failure = run.exits(), run.failure
-            reports = tuple(read_rank_reports(run.attempt))
-            result = read_value(run.attempt)
-        finally:
-            with signals_deferred():  # a second Ctrl-C must not cut the clean-up short
-                run.end()
-        return Outcome(path="xla", world_size=plan.world_size, exits=exits, result=result,
-                       timed_out=timed_out, timeout=plan.timeout, rank_reports=reports,
-                       leader_failure=failure if not timed_out else None)
+
+        def facts(timed_out: bool) -> Outcome:
+            return Outcome(path="xla", world_size=plan.world_size, exits=run.exits(),
+                           result=read_value(run.attempt), timed_out=timed_out,
+                           timeout=plan.timeout,
+                           rank_reports=tuple(read_rank_reports(run.attempt)),
+                           leader_failure=run.failure if not timed_out else None)
+
+        return run_attempt(run, timeout, facts)
 
     try:
         return run_attempts(spec.max_restarts, plan.timeout, one_attempt)

@@ -106,9 +106,9 @@ class XlaAttempt:
             self.owner.adopt(noted(self.attempt, "process"))
             self.owner.stop(why)
 
-    def end(self) -> None:
-        if self.owner is not None:
-            self.owner.close()
+    def end(self) -> list[int]:
+        """Every process of the attempt ended; the pids of any that could not be."""
+        return self.owner.close() if self.owner is not None else []
 
     def exits(self) -> tuple[RankExit, ...]:
         """Each replica's end, from how each process ended and the replicas' own files."""
