@@ -43,6 +43,36 @@ def xla_runtime_is_initialized() -> bool:
     return bool(check())
 
 
+# --- Lightning: "am I in a notebook?", decided at import ----------------------------------------
+# Lightning 2.x, lightning_fabric/utilities/imports.py: ``_IS_INTERACTIVE = hasattr(sys, "ps1") or
+# bool(sys.flags.interactive)``, computed once when Lightning is imported and copied by ``from ...
+# import`` into the modules below; checked on pytorch-lightning 2.6.6 (the package and the unified
+# ``lightning`` one). Imported in a notebook before the launch, Lightning carries the kernel's
+# answer into the forked workers and refuses ``strategy="ddp"`` there.
+LIGHTNING_INTERACTIVE = tuple(
+    f"{package}.{module}" for package, modules in (
+        ("lightning_fabric", ("utilities.imports", "strategies.launchers.multiprocessing")),
+        ("lightning.fabric", ("utilities.imports", "strategies.launchers.multiprocessing")),
+        ("pytorch_lightning", ("trainer.connectors.accelerator_connector",
+                               "callbacks.progress.rich_progress")),
+        ("lightning.pytorch", ("trainer.connectors.accelerator_connector",
+                               "callbacks.progress.rich_progress")))
+    for module in modules)
+
+
+def lightning_in_a_worker() -> None:
+    """In a worker, not interactive: what a Lightning imported before the fork believes too."""
+    for name in LIGHTNING_INTERACTIVE:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        if not hasattr(module, "_IS_INTERACTIVE"):
+            _loud("lightning", f"{name}._IS_INTERACTIVE is gone in this Lightning; imported in a "
+                  "notebook before the launch, it may refuse strategy='ddp' in the workers")
+            continue
+        module._IS_INTERACTIVE = False  # the one write to another library: see test_layout
+
+
 # --- CPython: an exception raised in another thread ---------------------------------------------
 # CPython C API PyThreadState_SetAsyncExc (Include/ceval.h), through ctypes.pythonapi.
 

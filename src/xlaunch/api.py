@@ -18,6 +18,7 @@ from xlaunch.plan import LaunchOptions, LaunchPlan, make_plan
 from xlaunch.plan.options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT, DEFAULT_STOP_GRACE
 from xlaunch.result import LaunchReport, judge, make_report
 from xlaunch.result.report import report_shown
+from xlaunch.worker.nested import refuse_nested_launch
 
 
 def notebook_launcher(
@@ -133,6 +134,7 @@ def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ..
     report (``error.report``), its warnings in its text.
     """
     __tracebackhide__ = True
+    refuse_nested_launch()
     for line in (*plan.notes, f"launching {plan.summary()}"):
         print(f"xlaunch: {line}", file=sys.stderr)
     if plan.accelerator == "cuda" and plan.path == "elastic":

@@ -15,8 +15,9 @@ MIXED_PRECISION_VAR = "XLAUNCH_MIXED_PRECISION"
 WORLD_VAR = "XLAUNCH_WORLD"
 RESTART_VAR = "XLAUNCH_RESTART_COUNT"  # which attempt this is, on every path
 STORE_DIR_VAR = "XLAUNCH_STORE_DIR"  # one machine: where a script's own process group meets
+WORKER_VAR = "XLAUNCH_WORKER"  # "<pid>" in every worker's own process: a launch inside it is refused
 # Every variable xlaunch sets for its workers: each worker gets them from its launch alone.
-WORKER_VARS = (MIXED_PRECISION_VAR, WORLD_VAR, RESTART_VAR, STORE_DIR_VAR)
+WORKER_VARS = (MIXED_PRECISION_VAR, WORLD_VAR, RESTART_VAR, STORE_DIR_VAR, WORKER_VAR)
 
 # No exit status is xlaunch's own: a worker says what happened to it in its launch folder, so a
 # user's os._exit(N) is never read as anything but the user's.

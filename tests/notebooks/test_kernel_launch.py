@@ -11,8 +11,8 @@ Nothing here asserts a duration: every wait has a limit and fails the test when 
 from __future__ import annotations
 
 import os
-import signal
 import re
+import signal
 import time
 
 import psutil

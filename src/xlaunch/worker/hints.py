@@ -13,7 +13,15 @@ _MISSING_ATTRIBUTE = re.compile(r"module '(torch_xla[\w.]*)' has no attribute '(
 
 
 def hint_for(error: BaseException) -> str | None:
-    """A line naming the replacement of a removed torch_xla call, or None."""
+    """A line naming the replacement of a removed torch_xla call, or what to do instead of a
+    launcher inside a launch, or None."""
+    if isinstance(error, RuntimeError) and "Runtime is already initialized" in str(error):
+        from xlaunch.worker.nested import in_worker
+
+        if in_worker():
+            return ("this replica already runs the launched function: call your function "
+                    "directly instead of xmp.spawn or torch_xla.launch inside it (a script run "
+                    "with `xlaunch run` has them run in place)")
     if not isinstance(error, AttributeError):
         return None
     found = _MISSING_ATTRIBUTE.search(str(error))

@@ -23,11 +23,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from xlaunch import stopping
+from xlaunch import _compat, stopping
 from xlaunch._compat import dynamo_counts
-from xlaunch.names import RESTART_VAR, WORKER_VARS, WORLD_VAR
+from xlaunch.names import RESTART_VAR, WORKER_VAR, WORKER_VARS, WORLD_VAR
 from xlaunch.result.errors import ProcessFailure
-from xlaunch.worker import process_tree
+from xlaunch.worker import nested, process_tree
 from xlaunch.worker.hints import hint_for
 from xlaunch.worker.launch_dir import STACK_SIGNAL, LaunchDir, note, record_failure, write_pid
 from xlaunch.worker.measure import dynamo_since, write_rank_report
@@ -65,6 +65,7 @@ class Worker:
             return
         set_variables(setup.env, attempt)
         not_interactive()
+        nested.refuse_launchers()
         self._stack_file = open(self.attempt / f"stack-{rank}", "w")
         faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         if setup.line_prefix is not None and (world_size > 1 or setup.prefix_single):
@@ -158,6 +159,7 @@ def set_variables(env: dict[str, str], attempt: int) -> None:
     if WORLD_VAR in env:  # only this process is in that world, not what it starts
         os.environ[WORLD_VAR] = f"{env[WORLD_VAR]}:{os.getpid()}"
     os.environ[RESTART_VAR] = str(attempt)
+    os.environ[WORKER_VAR] = str(os.getpid())
 
 
 NO_STDIN = ("xlaunch workers have no stdin: input() cannot be answered from a worker. Read the "
@@ -196,6 +198,7 @@ def not_interactive() -> None:
     for name in ("ps1", "ps2"):
         if hasattr(sys, name):
             delattr(sys, name)
+    _compat.lightning_in_a_worker()
 
 
 def flush_output() -> None:
