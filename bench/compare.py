@@ -628,7 +628,7 @@ def value_child(side: str) -> None:
     import torch.multiprocessing as mp
 
     os.environ["XLAUNCH_ACCELERATOR"] = "cpu"
-    import xlaunch  # noqa: F401  (imported before the clock, as a notebook has it)
+    import xlaunch  # imported before the clock, as a notebook has it
 
     before = _current_kib()
     start = time.perf_counter()

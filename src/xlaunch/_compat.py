@@ -70,7 +70,7 @@ def lightning_in_a_worker() -> None:
             _loud("lightning", f"{name}._IS_INTERACTIVE is gone in this Lightning; imported in a "
                   "notebook before the launch, it may refuse strategy='ddp' in the workers")
             continue
-        module._IS_INTERACTIVE = False  # the one write to another library: see test_layout
+        module._IS_INTERACTIVE = False  # type: ignore[attr-defined]  # the one write: test_layout
 
 
 # --- CPython: an exception raised in another thread ---------------------------------------------
