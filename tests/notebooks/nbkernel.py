@@ -100,8 +100,12 @@ class Kernel:
         return living(found)
 
     def run(self, code: str, timeout: float = CELL_TIMEOUT,
-            while_running: Callable[[], None] | None = None) -> CellRun:
-        """Execute ``code`` as one cell; ``while_running`` is called in a thread meanwhile."""
+            while_running: Callable[[], None] | None = None,
+            stdin_hook: Callable[[dict[str, Any]], None] | None = None) -> CellRun:
+        """Execute ``code`` as one cell; ``while_running`` is called in a thread meanwhile.
+
+        With ``stdin_hook`` the frontend offers stdin, as Jupyter does: the hook gets each input
+        request (and answers it, or not)."""
         run = CellRun(status="?")
 
         def collect(message: dict[str, Any]) -> None:
@@ -123,7 +127,9 @@ class Kernel:
             helper = threading.Thread(target=while_running, name="cell-helper", daemon=True)
             helper.start()
         try:
-            reply = self.client.execute_interactive(code, timeout=timeout, output_hook=collect)
+            reply = self.client.execute_interactive(
+                code, timeout=timeout, output_hook=collect, allow_stdin=stdin_hook is not None,
+                stdin_hook=stdin_hook)
         except TimeoutError:
             # Free the kernel for the next test: stop the cell and let its reply arrive.
             self.interrupt()

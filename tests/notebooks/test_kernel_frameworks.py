@@ -67,3 +67,16 @@ def test_a_nested_notebook_launcher_is_refused_at_once(kernel):
         'notebook_launcher(outer, num_processes=2, timeout=120)')
     assert cell.status == "error" and cell.error["ename"] == "LaunchError", cell.describe()
     assert "called inside a launched function" in cell.error["evalue"]
+
+
+def test_input_in_a_worker_fails_at_once_though_the_frontend_offers_stdin(kernel):
+    """A forked worker kept the kernel's input(), which asks the frontend over the kernel's own
+    socket: nobody answers a worker, and the launch waited in silence."""
+    asked: list[dict] = []
+    started = time.monotonic()
+    cell = kernel.run(
+        'from xlaunch import notebook_launcher\n'
+        'def asks():\n    return input("your name? ")\n'
+        'notebook_launcher(asks, num_processes=2, timeout=120)', stdin_hook=asked.append)
+    assert time.monotonic() - started < 60 and asked == [], "a worker asked the frontend"
+    assert cell.status == "error" and "workers have no stdin" in cell.error["evalue"]
