@@ -593,6 +593,9 @@ VALUE_MB = 500
 def _big_value() -> Any:
     import torch
 
+    # One thread on both sides: a launch of 2 CPU processes gives each worker half the cores,
+    # and filling the tensor must cost the same on both sides for the figure to time the move.
+    torch.set_num_threads(1)
     return torch.ones(VALUE_MB * 2**20 // 4)  # float32: VALUE_MB MiB
 
 

@@ -2,12 +2,11 @@
 
     python bench/launch_timeline.py [--launches 5] [--processes 2]
 
-Each step of a launch (the launch thread, the process tree's guard, torch elastic's worker start,
-each worker's set-up, its process group, the function, the engine noticing the end, the clean-up)
-is wrapped to write the system-wide monotonic clock to one file, from the caller and from the
-forked workers alike; the timeline of the last launch is printed with every step's median
-duration over all launches. A profiling aid, not a test: it wraps private functions of torch
-elastic (named below), so a torch release that renames them stops it with an AttributeError.
+Each step of a launch (the launch thread, the process tree's guard, each worker's start, set-up,
+process group and function, the owner's wait for the ends, the clean-up) is wrapped to write the
+system-wide monotonic clock to one file, from the caller and from the forked workers alike; the
+timeline of the last launch is printed with every step's median duration over all launches. A
+profiling aid, not a test: it wraps xlaunch's own functions (named below).
 """
 
 from __future__ import annotations
@@ -23,27 +22,26 @@ from typing import Any
 
 os.environ.setdefault("XLAUNCH_ACCELERATOR", "cpu")
 
-import torch.distributed.elastic.agent.server.api as agent_api
-import torch.distributed.elastic.multiprocessing.api as mp_api
-
 import xlaunch
-from xlaunch.backends.elastic import engine, entry
-from xlaunch.worker import launch_dir, process_tree, rank
+from xlaunch.backends import processes
+from xlaunch.backends.elastic import attempt, job
+from xlaunch.worker import launch_dir, rank, value
 
 LOG = os.path.join(tempfile.gettempdir(), f"xlaunch-timeline-{os.getpid()}.log")
 
 # (owner, attribute, step name): each call's start and end are written to the log.
 STEPS: list[tuple[Any, str, str]] = [
-    (engine.EngineRun, "run", "launch thread: the engine's whole run"),
-    (process_tree.ProcessTree, "__init__", "caller: start the process tree's guard"),
-    (agent_api.SimpleElasticAgent, "_initialize_workers", "engine: rendezvous and fork the workers"),
+    (attempt.DistAttempt, "run", "launch thread: the attempt's whole run"),
+    (processes.ProcessSet, "__init__", "caller: start the process tree's guard"),
+    (processes.ProcessSet, "start", "caller: fork a worker"),
     (rank.Worker, "__init__", "worker: set-up (pid file, signals, output, tree)"),
-    (entry.Job, "_form_group",
-     "worker: process group (FileStore, gloo, barrier)"),
+    (job.Job, "_form_group", "worker: process group (FileStore, gloo, barrier)"),
     (rank.Worker, "run", "worker: the function, its report"),
-    (mp_api.MultiprocessContext, "_poll", "engine: notice the end, collect results, reap"),
-    (agent_api.SimpleElasticAgent, "_exit_barrier", "engine: exit barrier"),
-    (process_tree.ProcessTree, "end", "caller: end the process tree"),
+    (rank.Worker, "send_back", "worker: its value written"),
+    (attempt.DistAttempt, "_watch", "caller: wait for every worker's end"),
+    (attempt.DistAttempt, "exits", "caller: read what each worker left"),
+    (value, "read_value", "caller: map the value"),
+    (processes.ProcessSet, "close", "caller: end the process tree"),
     (launch_dir.LaunchDir, "remove", "caller: remove the launch folder"),
 ]
 
@@ -63,7 +61,13 @@ def wrapped(original: Callable[..., Any], name: str) -> Callable[..., Any]:
     return step
 
 
-def trivial() -> int:
+def trivial() -> object:
+    if os.environ.get("XLAUNCH_TIMELINE_VALUE_MB"):  # a large value back, from rank 0
+        import torch
+        import torch.distributed as dist
+
+        if dist.get_rank() == 0:
+            return torch.ones(int(os.environ["XLAUNCH_TIMELINE_VALUE_MB"]) * 2**20 // 4)
     return 1
 
 
