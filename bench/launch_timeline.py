@@ -118,8 +118,8 @@ def main() -> None:
     print("median over the launches (ms; for several workers, the slowest):")
     table: dict[str, list[float]] = defaultdict(list)
     for rows in measured:
-        for name, value in durations(rows).items():
-            table[name].append(value)
+        for name, took in durations(rows).items():
+            table[name].append(took)
     for name, values in table.items():
         print(f"  {statistics.median(values):7.1f}  {name}")
     os.remove(LOG)
