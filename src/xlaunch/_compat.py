@@ -1,6 +1,9 @@
 """Every use of another library's private API, in one place.
 
-Each helper names the upstream file and version it follows. Where that private detail is missing
+Each helper names the upstream file it follows and the releases it was checked on, and
+tests/test_compat.py (and the tiers' own tests) checks it on each release the suite runs: torch
+2.8.0, 2.13.0 and 2.15.0 (core tiers), torch_xla 2.8 and 2.9, torch-tpu 0.2.0, pytorch-lightning
+2.6.6. Where that private detail is missing
 (a newer or older release changed it) the helper warns once, loudly, saying what no longer works,
 instead of degrading without a word.
 """
@@ -26,6 +29,7 @@ def _loud(key: str, text: str) -> None:
 
 # --- torch_xla ----------------------------------------------------------------------------------
 # torch_xla 2.x, torch_xla/csrc/init_python_bindings.cpp: _XLAC._xla_runtime_is_initialized()
+# (checked on torch_xla 2.8.0 and 2.9.0: the xla tiers)
 # answers without initialising the runtime (every public query initialises it).
 
 
@@ -74,7 +78,8 @@ def lightning_in_a_worker() -> None:
 
 
 # --- CPython: an exception raised in another thread ---------------------------------------------
-# CPython C API PyThreadState_SetAsyncExc (Include/ceval.h), through ctypes.pythonapi.
+# CPython C API PyThreadState_SetAsyncExc (Include/ceval.h), through ctypes.pythonapi (checked on
+# CPython 3.11: a one-process launch's timeout outside the main thread).
 
 
 def raise_in_thread(thread_id: int, exception: type[BaseException]) -> bool:
@@ -191,7 +196,7 @@ def _cache_stats(tpu: Any) -> CacheStats | None:
 
 
 # --- torch.compile (dynamo): what it compiled in this process -----------------------------------
-# torch 2.4-2.13, torch/_dynamo/utils.py: ``counters`` (a defaultdict of Counters): "stats"
+# torch 2.8, 2.13 and 2.15 (checked: the core tiers), torch/_dynamo/utils.py: ``counters`` (a defaultdict of Counters): "stats"
 # "unique_graphs" (graphs captured), "frames" "ok" (frames compiled, recompilations included),
 # "graph_break" (one key per break reason). torch/_dynamo/convert_frame.py:
 # ``FRAME_COMPILE_COUNTER`` (frame id -> times that frame was compiled).

@@ -124,7 +124,9 @@ class ProcessFailure:
         and the whole text when something was cut (None when nothing was)."""
         if len(self.message) <= MESSAGE_LIMIT and len(self.traceback) <= TRACEBACK_LIMIT:
             return self, None
-        whole = f"{self.exc_type}: {self.message}\n\n{self.traceback}"
+        # A traceback ends with the exception's own line: the message once, not twice.
+        whole = self.traceback if self.message in self.traceback else (
+            f"{self.exc_type}: {self.message}\n\n{self.traceback}")
         return dataclasses.replace(self, message=_cut(self.message, MESSAGE_LIMIT),
                                    traceback=_cut(self.traceback, TRACEBACK_LIMIT)), whole
 

@@ -1,0 +1,80 @@
+"""Each `_compat` helper on the releases installed here: its private detail is where it was, so
+no loud fallback fires. The core tier runs this on every torch release the suite has (2.8, 2.13,
+2.15); the xla and torch_tpu tiers check their own helpers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import pytest
+
+from xlaunch import _compat
+
+
+def fallbacks_fired(code: str) -> str:
+    """Run ``code`` in a fresh interpreter with xlaunch's warnings as errors; its stderr."""
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c",
+                           textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_dynamo_counts_read_what_torch_compile_did():
+    out = fallbacks_fired("""
+        import torch
+        from xlaunch import _compat
+        before = _compat.dynamo_counts()
+        compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")
+        compiled(torch.ones(3))
+        compiled(torch.ones(3, 4))  # another shape: a recompilation of the same frame
+        now = _compat.dynamo_counts()
+        print(before is None or before["frames"] == 0, now["frames"] >= 2,
+              max(now["per_frame"].values()) >= 2)
+    """)
+    assert out.split() == ["True", "True", "True"]
+
+
+def test_raise_in_thread_reaches_a_thread_at_its_next_instruction():
+    class Stop(Exception):
+        pass
+
+    caught: list[BaseException] = []
+    ready = threading.Event()
+
+    def spin() -> None:
+        ready.set()
+        try:
+            while True:
+                time.sleep(0.01)
+        except Stop as stop:
+            caught.append(stop)
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    ready.wait()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert _compat.raise_in_thread(thread.ident, Stop)
+    thread.join(10)
+    assert caught and isinstance(caught[0], Stop)
+
+
+def test_lightning_told_a_worker_is_not_interactive():
+    pytest.importorskip("pytorch_lightning")
+    out = fallbacks_fired("""
+        import sys
+        sys.ps1 = ">>> "  # a kernel's prompt, there when Lightning is imported
+        import pytorch_lightning
+        import lightning_fabric.utilities.imports as imports
+        from pytorch_lightning.trainer.connectors import accelerator_connector
+        from xlaunch import _compat
+        assert imports._IS_INTERACTIVE and accelerator_connector._IS_INTERACTIVE
+        _compat.lightning_in_a_worker()
+        print(imports._IS_INTERACTIVE, accelerator_connector._IS_INTERACTIVE)
+    """)
+    assert out.split() == ["False", "False"]
