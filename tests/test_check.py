@@ -79,7 +79,7 @@ def test_a_step_that_fails_in_the_workers_is_named_with_the_error(monkeypatch):
     plan = make_plan(detect(), LaunchOptions(num_processes=2, timeout=200.0, report=False))
     steps = {name: check.Step(name) for name in ALL_STEPS}
     verdict: dict[str, object] = {"error": None}
-    check._launch(plan, steps, verdict, CheckConfig(world_size=3))
+    check._launch(plan, steps, verdict, STEPS, CheckConfig(world_size=3))
     assert steps["ranks"].ok is False
     assert "sees rank" in steps["ranks"].detail and "planned 3 ranks" in steps["ranks"].detail
     assert all(steps[name].ok is None for name in STEPS[1:])

@@ -361,18 +361,24 @@ from xlaunch.cli.env import env_report
 from xlaunch.detect import detect
 from xlaunch.plan import LaunchOptions, make_plan
 sys.addaudithook(audit)
-for options in (LaunchOptions(), LaunchOptions(num_processes=2),
-                LaunchOptions(num_processes=2, use_port="29511", start_method="spawn"),
-                LaunchOptions(num_processes=2, num_nodes=2, node_rank=1, master_addr="10.1.2.3")):
+spmd = sys.argv[1:] == ["spmd"]
+for options in ((LaunchOptions(spmd=True),) if spmd else (
+        LaunchOptions(), LaunchOptions(num_processes=2),
+        LaunchOptions(num_processes=2, use_port="29511", start_method="spawn"),
+        LaunchOptions(num_processes=2, num_nodes=2, node_rank=1, master_addr="10.1.2.3"))):
     make_plan(detect(), options)
     env_report(options=options)
 print(seen)
 """
 
 
-def test_planning_binds_no_socket_starts_no_process_writes_no_file() -> None:
+@pytest.mark.parametrize("which, steering", [
+    ("every path", {"XLAUNCH_ACCELERATOR": "cpu"}),
+    ("spmd", {"XLAUNCH_ACCELERATOR": "xla", "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}),
+])
+def test_planning_binds_no_socket_starts_no_process_writes_no_file(which, steering) -> None:
     # An audit hook (PEP 578) sees every bind, fork, spawn and write the planner would make.
-    result = subprocess.run([sys.executable, "-c", PURE], capture_output=True, text=True,
-                            env=environ(XLAUNCH_ACCELERATOR="cpu"), timeout=120)
+    result = subprocess.run([sys.executable, "-c", PURE, which], capture_output=True, text=True,
+                            env=environ(**steering), timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

@@ -158,3 +158,36 @@ def test_the_machine_is_read_from_its_files(tmp_path: Path) -> None:
     (cgroup / "memory.max").write_text("1048576\n")
     (cgroup / "memory.current").write_text("524288\n")
     assert Machine.here(str(tmp_path)).memory_available == 524288
+
+
+# --- SPMD ---------------------------------------------------------------------------------------
+
+XLA_CPU = Environment("local", "cpu", 4, xla_device="CPU")
+
+
+def test_spmd_is_one_process_driving_every_device(tpu: Environment) -> None:
+    launch = plan(XLA_CPU, spmd=True)
+    assert isinstance(launch.spec, XlaSpec) and launch.spec.spmd_devices == 4
+    assert (launch.num_processes, launch.world_size, launch.spec.nprocs) == (1, 1, 1)
+    assert launch.summary() == "1 process driving 4 XLA CPU devices (SPMD)"
+    assert plan(tpu, spmd=True).summary() == "1 process driving 8 TPU devices (SPMD)"
+    assert plan(XLA_CPU, spmd=True, num_processes=1).spec.spmd_devices == 4
+
+
+def test_spmd_refuses_a_count_of_processes() -> None:
+    with pytest.raises(ValueError, match=r"num_processes=4 with spmd=True: SPMD is one process "
+                                         r"per host"):
+        plan(XLA_CPU, spmd=True, num_processes=4)
+
+
+def test_spmd_beyond_torch_xla_names_the_path_and_what_serves_there(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"CPU path.*XLAUNCH_ACCELERATOR=xla and PJRT_DEVICE=CPU"):
+        plan(CPU, spmd=True, num_processes=2)
+    gpus = Environment("local", "cuda", 2)
+    with pytest.raises(ValueError, match=r"GPU path.*FSDP / DTensor"):
+        plan(gpus, spmd=True)
+    torch_tpu = Environment("cloud-tpu-vm", "tpu", 8, "v5e", 8, 1, tpu_runtime="torch_tpu",
+                            xla_device="TPU")
+    with pytest.raises(ValueError, match=r"TorchTPU: shard a large model there with FSDP2 / "
+                                         r"DTensor over tpu_dist"):
+        plan(torch_tpu, spmd=True)

@@ -196,7 +196,8 @@ def _cache_stats(tpu: Any) -> CacheStats | None:
 
 
 # --- torch.compile (dynamo): what it compiled in this process -----------------------------------
-# torch 2.8, 2.13 and 2.15 (checked: the core tiers), torch/_dynamo/utils.py: ``counters`` (a defaultdict of Counters): "stats"
+# torch 2.8, 2.13 and 2.15 (checked: the core tiers), torch/_dynamo/utils.py: ``counters``
+# (a defaultdict of Counters): "stats"
 # "unique_graphs" (graphs captured), "frames" "ok" (frames compiled, recompilations included),
 # "graph_break" (one key per break reason). torch/_dynamo/convert_frame.py:
 # ``FRAME_COMPILE_COUNTER`` (frame id -> times that frame was compiled).

@@ -43,6 +43,7 @@ def notebook_launcher(
     compile_cache: bool | str | os.PathLike[str] | None = None,
     report: bool = True,
     stop_grace: float = DEFAULT_STOP_GRACE,
+    spmd: bool = False,
 ) -> Any:
     """Run ``function(*args)`` in every process of this machine; return local process 0's result.
 
@@ -91,6 +92,10 @@ def notebook_launcher(
             each worker SIGTERM, then SIGKILL after this many seconds: time for an
             `xlaunch.on_stop` callback (or the worker's own SIGTERM handler) to save a
             checkpoint. A worker without one ends at once.
+        spmd: torch_xla's SPMD, for a model that does not fit one core: one worker process per
+            host, with SPMD switched on before the runtime starts, drives every device of the host
+            (``ProcessState().mesh()``, ``mark_sharding``, FSDPv2). ``num_processes`` None or 1;
+            the XLA path only.
 
     Returns:
         What ``function`` returned in this machine's local process 0, tensors moved to the CPU.
@@ -104,7 +109,7 @@ def notebook_launcher(
         rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
         log_line_prefix_template=log_line_prefix_template, timeout=timeout,
         start_method=start_method, compile_cache=compile_cache, report=report,
-        stop_grace=stop_grace)
+        stop_grace=stop_grace, spmd=spmd)
     return run_plan(make_plan(detect(), options), function, args)
 
 

@@ -52,6 +52,12 @@ def _in_xla_world() -> bool:
     return in_xla_replica() or _compat.xla_runtime_is_initialized()
 
 
+def _spmd_on() -> bool:
+    """torch_xla's SPMD switch (``use_spmd()`` sets it); never imports torch_xla."""
+    runtime = sys.modules.get("torch_xla.runtime")
+    return bool(runtime is not None and runtime.is_spmd())
+
+
 def _xla_world() -> _World:
     """torch_xla.runtime where it has the answer; the xla_model names it replaced before that."""
     import torch_xla.core.xla_model as xm
@@ -154,6 +160,36 @@ class ProcessState:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     @property
+    def is_spmd(self) -> bool:
+        """This process drives every device of its host through torch_xla's SPMD."""
+        return _in_xla_world() and _spmd_on()
+
+    @property
+    def num_devices(self) -> int:
+        """The devices this process drives: every device of the host under SPMD, else 1."""
+        if not self.is_spmd:
+            return 1
+        import torch_xla.runtime as xr
+
+        return int(xr.global_runtime_device_count()) // max(1, _current_world().size)
+
+    def mesh(self, axis_names: tuple[str, ...] = ("data",),
+             shape: tuple[int, ...] | None = None) -> Any:
+        """A ``torch_xla.distributed.spmd.Mesh`` over every device (SPMD launches only); with
+        ``shape`` None, every device on the first axis and 1 on the others."""
+        if not self.is_spmd:
+            raise RuntimeError("ProcessState().mesh() is for SPMD launches: launch with "
+                               "notebook_launcher(..., spmd=True)")
+        import numpy as np
+        import torch_xla.runtime as xr
+        from torch_xla.distributed.spmd import Mesh
+
+        devices = int(xr.global_runtime_device_count())
+        if shape is None:
+            shape = (devices, *(1 for _ in axis_names[1:]))
+        return Mesh(np.arange(devices), tuple(shape), tuple(axis_names))
+
+    @property
     def restart_count(self) -> int:
         """0 on the first attempt, then 1, 2, ... after each restart (``max_restarts``)."""
         value = os.environ.get(RESTART_VAR) or os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
@@ -167,6 +203,8 @@ class ProcessState:
         """Block until every process reaches this call; every process must make it."""
         # The hot path of a training loop: ask only what the barrier needs.
         if _in_xla_world():
+            if _spmd_on() and _current_world().size == 1:
+                return  # one SPMD process drives every device: nobody to wait for
             import torch_xla.core.xla_model as xm
 
             xm.rendezvous(_RENDEZVOUS_TAG)

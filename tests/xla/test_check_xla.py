@@ -42,7 +42,7 @@ def test_a_shape_that_changes_every_step_fails_the_training_step():
         "plan = make_plan(detect(), LaunchOptions(timeout=200.0, report=False))\n"
         "steps = {name: check.Step(name) for name in ('plan', *STEPS, 'result')}\n"
         "verdict = {'error': None}\n"
-        "check._launch(plan, steps, verdict, CheckConfig(world_size=1, grow_batch=1))\n"
+        "check._launch(plan, steps, verdict, STEPS, CheckConfig(world_size=1, grow_batch=1))\n"
         "print([(s.name, s.ok) for s in steps.values()])\n"
         "print(steps['training'].detail)\n"
     )

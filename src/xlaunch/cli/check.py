@@ -48,16 +48,15 @@ def main(args: argparse.Namespace) -> int:
 
 def run_check(args: argparse.Namespace) -> dict[str, Any]:
     """Plan and run the check; every outcome becomes the verdict's data (nothing raises)."""
-    from xlaunch.cli.check_steps import STEPS
-
-    steps = {name: Step(name) for name in (*CALLER_STEPS, *STEPS, RESULT_STEP)}
+    names = worker_steps(args.spmd)
+    steps = {name: Step(name) for name in (*CALLER_STEPS, *names, RESULT_STEP)}
     verdict: dict[str, Any] = {"ok": False, "failed_step": None, "error": None, "plan": None,
                                "report": None}
     started = time.perf_counter()
     plan = _plan(args, steps["plan"])
     if plan is not None:
         verdict["plan"] = plan.as_dict()
-        _launch(plan, steps, verdict)
+        _launch(plan, steps, verdict, names)
     failed = next((step for step in steps.values() if step.ok is False), None)
     verdict.update(ok=failed is None and all(step.ok for step in steps.values()),
                    failed_step=failed.name if failed else None,
@@ -87,22 +86,34 @@ def _plan(args: argparse.Namespace, step: Step) -> Any:
     return plan
 
 
-def _launch(plan: Any, steps: dict[str, Step], verdict: dict[str, Any], config: Any = None) -> None:
+def worker_steps(spmd: bool) -> tuple[str, ...]:
+    from xlaunch.cli.check_spmd import SPMD_STEPS
+    from xlaunch.cli.check_steps import STEPS
+
+    return SPMD_STEPS if spmd else STEPS
+
+
+def _launch(plan: Any, steps: dict[str, Step], verdict: dict[str, Any],
+            names: tuple[str, ...], config: Any = None) -> None:
     from xlaunch.api import last_report, run_plan
+    from xlaunch.cli.check_spmd import SpmdConfig, run_spmd_checks
     from xlaunch.cli.check_steps import CheckConfig, run_checks
     from xlaunch.result.errors import LaunchError
 
     launched = time.time()
+    devices = getattr(plan.spec, "spmd_devices", 0)
     try:
-        config = config or CheckConfig(world_size=plan.world_size)
-        result = run_plan(plan, run_checks, (config,))
+        if devices:
+            result = run_plan(plan, run_spmd_checks, (config or SpmdConfig(devices),))
+        else:
+            result = run_plan(plan, run_checks, (config or CheckConfig(world_size=plan.world_size),))
     except LaunchError as error:
-        _failed_in_worker(error, steps)
+        _failed_in_worker(error, steps, names)
         verdict["error"] = str(error)
         result = None
     except Exception as error:  # a port taken, torch_xla missing: the verdict says
-        steps["ranks"].ok, steps["ranks"].detail = False, f"{type(error).__name__}: {error}"
-        verdict["error"] = steps["ranks"].detail
+        steps[names[0]].ok, steps[names[0]].detail = False, f"{type(error).__name__}: {error}"
+        verdict["error"] = steps[names[0]].detail
         result = None
     report = last_report()
     if report is not None:
@@ -110,36 +121,34 @@ def _launch(plan: Any, steps: dict[str, Step], verdict: dict[str, Any], config: 
                              "ranks": [asdict(rank) for rank in report.ranks],
                              "warnings": list(report.warnings)}
     if result is not None:
-        _passed(result, launched, steps, report, plan)
+        _passed(result, launched, steps, report, plan, names)
 
 
-def _failed_in_worker(error: Any, steps: dict[str, Step]) -> None:
-    """The step the root-cause rank named; a rank that died without naming one fails 'ranks'."""
-    from xlaunch.cli.check_steps import STEPS
-
+def _failed_in_worker(error: Any, steps: dict[str, Step], names: tuple[str, ...]) -> None:
+    """The step the root-cause rank named; a rank that died without naming one fails the first."""
     for failure in error.failures:
         name, _, detail = (failure.message or "").partition(": ")
-        if failure.exc_type == "CheckFailed" and name in STEPS:
+        if failure.exc_type == "CheckFailed" and name in names:
             steps[name].ok, steps[name].detail = False, f"rank {failure.rank}: {detail}"
             break
     else:
         first = error.failures[0] if error.failures else None
-        steps["ranks"].ok = False
-        steps["ranks"].detail = first.headline() if first is not None else str(error)
-    for name in STEPS:  # the steps before the failed one passed on every rank
+        steps[names[0]].ok = False
+        steps[names[0]].detail = first.headline() if first is not None else str(error)
+    for name in names:  # the steps before the failed one passed on every rank
         if steps[name].ok is False:
             break
         steps[name].ok = True
 
 
-def _passed(result: Any, launched: float, steps: dict[str, Step], report: Any, plan: Any) -> None:
-    from xlaunch.cli.check_steps import STEPS
-
-    for name in STEPS:
+def _passed(result: Any, launched: float, steps: dict[str, Step], report: Any, plan: Any,
+            names: tuple[str, ...]) -> None:
+    for name in names:
         steps[name].ok = True
         steps[name].seconds = result["timings"].get(name)
         steps[name].detail = result["details"].get(name, "")
-    steps["ranks"].seconds = max(0.0, result["started_at"] - launched) + (steps["ranks"].seconds or 0)
+    first = steps[names[0]]
+    first.seconds = max(0.0, result["started_at"] - launched) + (first.seconds or 0)
     back = steps[RESULT_STEP]
     back.seconds = max(0.0, time.time() - result["returned_at"])
     problem = _report_problem(report, plan)

@@ -58,7 +58,8 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="N", help="restart the workers up to N times after a failure")
     parser.add_argument("--monitor-interval", "--monitor_interval", dest="monitor_interval",
                         type=float, default=None, metavar="SECONDS",
-                        help="how often the agent checks the workers (default: every 0.01 s)")
+                        help="seconds between the launcher's checks on what is not a worker's end, "
+                             "such as another node's failure (default: 0.1)")
     add_common_arguments(parser)
     parser.add_argument("--cpu", action="store_true",
                         help="debug: run CPU processes over gloo even where a TPU or GPU is present")
@@ -75,6 +76,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-grace", type=float, default=DEFAULT_STOP_GRACE, metavar="SECONDS",
                         help="at a stop, SIGKILL follows SIGTERM after this long "
                              "(default: %(default)s)")
+    parser.add_argument("--spmd", action="store_true",
+                        help="torch_xla's SPMD: one process per host drives every device")
     parser.add_argument("--start-method", "--start_method", dest="start_method", default=None,
                         metavar="METHOD",
                         help=f"{', '.join(START_METHODS)} for GPU/CPU workers (default fork on Linux)")
@@ -87,7 +90,8 @@ def options_from(args: argparse.Namespace, **overrides: Any) -> LaunchOptions:
 
     values: dict[str, Any] = dict(
         num_processes=args.num_processes, mixed_precision=args.mixed_precision,
-        timeout=args.timeout, start_method=args.start_method, stop_grace=args.stop_grace)
+        timeout=args.timeout, start_method=args.start_method, stop_grace=args.stop_grace,
+        spmd=args.spmd)
     if hasattr(args, "rdzv_backend"):  # every launch option, not only the common ones
         values.update(
             use_port=DEFAULT_PORT if args.master_port is None else args.master_port,

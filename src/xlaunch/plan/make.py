@@ -46,6 +46,8 @@ def make_plan(env: Environment, options: LaunchOptions | None = None,
     options = options or LaunchOptions()
     check_values(options)
     machine = machine or Machine.here()
+    if options.spmd:
+        refuse_spmd_beyond_xla(env, options)
     if not options.cpu_only and env.accelerator == "tpu" and env.tpu_runtime == "torch_tpu":
         plan = torch_tpu_plan(env, options)
     elif not options.cpu_only and env.xla_device is not None:
@@ -86,6 +88,8 @@ def _xla_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
         raise RuntimeError(TPU_NODE)
     if env.tpu_holders:
         raise RuntimeError(held(env))
+    if options.spmd:
+        return _spmd_plan(env, options)
     layout = tpu_layout(env, options.num_processes)
     template = options.log_line_prefix_template
     spec = XlaSpec(
@@ -104,6 +108,43 @@ TPU_NODE = (
     "has no TPU chips), which only torch_xla 2.0 and older could use, and Google ended TPU Nodes in "
     "2025: xlaunch needs a TPU VM. Switch the runtime to one (Colab: Runtime > Change runtime "
     "type > a v5e or v6e TPU; Kaggle: a TPU v3-8 or v5e-8 accelerator).")
+
+
+def _spmd_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
+    """SPMD: one process per host, forked, SPMD on before the runtime, driving every device."""
+    if options.num_processes not in (None, 1):
+        raise ValueError(
+            f"num_processes={options.num_processes} with spmd=True: SPMD is one process per host, "
+            f"driving every device of it ({env.device_count} here); leave num_processes at None "
+            "(or 1), or launch without spmd for one process per device")
+    template = options.log_line_prefix_template
+    spec = XlaSpec(
+        threads_per_process=1, nprocs=1, pjrt_device=PJRT_DEVICES.get(env.accelerator, "CPU"),
+        start_method="fork", unset_env=tpu_layout(env, None).unset_env,
+        line_prefix=template if template is not None else XlaSpec.line_prefix,
+        max_restarts=options.max_restarts, compile_cache=compile_cache(env, options.compile_cache),
+        spmd_devices=env.device_count)
+    hosts = len(env.tpu_hosts) if env.tpu_hosts else 1
+    notes = (f"a pod slice of {hosts} hosts: run the same launch on every host (one SPMD process "
+             "each; torch_xla forms the world)",) if hosts > 1 else ()
+    return LaunchPlan(env.accelerator, 1, hosts, spec, notes=notes, **common(options))
+
+
+def refuse_spmd_beyond_xla(env: Environment, options: LaunchOptions) -> None:
+    """SPMD is torch_xla's: elsewhere, name the path and what serves there."""
+    if not options.cpu_only and env.xla_device is not None and env.tpu_runtime != "torch_tpu":
+        return
+    if not options.cpu_only and env.accelerator == "tpu" and env.tpu_runtime == "torch_tpu":
+        raise ValueError(
+            "spmd=True is torch_xla's SPMD, and this TPU runs TorchTPU: shard a large model there "
+            "with FSDP2 / DTensor over tpu_dist in the usual multi-process launch (spmd=False)")
+    path = "GPU" if env.accelerator == "cuda" and not options.cpu_only else "CPU"
+    raise ValueError(
+        f"spmd=True is torch_xla's SPMD, and this launch takes the {path} path (one process per "
+        "device, through torch.distributed), which has no SPMD: on a GPU machine use FSDP / "
+        "DTensor in the usual launch; to try SPMD on this machine's CPU, set "
+        "XLAUNCH_ACCELERATOR=xla and PJRT_DEVICE=CPU (CPU_NUM_DEVICES=4 gives 4 devices) with "
+        "torch_xla installed")
 
 
 def compile_cache(env: Environment, asked: bool | str | os.PathLike[str] | None) -> str | None:

@@ -63,6 +63,7 @@ class LaunchOptions:
     compile_cache: bool | str | os.PathLike[str] | None = None
     report: bool = True
     stop_grace: float = DEFAULT_STOP_GRACE
+    spmd: bool = False  # torch_xla's SPMD: one process per host drives every device
     cpu_only: bool = False  # debug_launcher and ``xlaunch run --cpu``: CPU processes whatever the machine
 
     def __post_init__(self) -> None:
@@ -105,5 +106,6 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "compile_cache": ((bool, str, os.PathLike, type(None)), "None, False, True or a directory"),
     "report": ((bool,), "True or False"),
     "stop_grace": (_NUMBER, "a number of seconds"),
+    "spmd": ((bool,), "True or False"),
     "cpu_only": ((bool,), "True or False"),
 }

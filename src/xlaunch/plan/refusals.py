@@ -64,7 +64,8 @@ def _is_port(value: str | int) -> bool:
 # path leaves unused is refused, naming the option and the path.
 _USED = {
     "xla": {"num_processes", "mixed_precision", "timeout", "start_method", "report",
-            "log_line_prefix_template", "compile_cache", "cpu_only", "max_restarts", "stop_grace"},
+            "log_line_prefix_template", "compile_cache", "cpu_only", "max_restarts", "stop_grace",
+            "spmd"},
     "inline": {"num_processes", "mixed_precision", "timeout", "report", "cpu_only"},
 }
 _WHY_UNUSED = {

@@ -39,6 +39,7 @@ class XlaSpec:
     line_prefix: str | None = "[rank ${rank}] "  # None: output is not prefixed
     max_restarts: int = 0  # the whole launch runs again after a failure, up to this many times
     compile_cache: str | None = None  # torch_xla's persistent compilation cache; None: off
+    spmd_devices: int = 0  # SPMD: the one process drives this many devices; 0: not SPMD
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,11 @@ class LaunchPlan:
         count = self.world_size // self.num_nodes
         one, many = {"tpu": ("TPU core", "TPU cores"), "cuda": ("GPU", "GPUs"),
                      "cpu": ("CPU process", "CPU processes")}[self.accelerator]
+        if isinstance(spec, XlaSpec) and spec.spmd_devices:
+            kind = "TPU" if self.accelerator == "tpu" else f"XLA {spec.pjrt_device}"
+            devices = spec.spmd_devices
+            return (f"1 process driving {devices} {kind} device{'s' if devices > 1 else ''} "
+                    "(SPMD)")
         if isinstance(spec, XlaSpec) and self.accelerator != "tpu":
             # XLA's CPU or GPU devices: replicas are devices, several may share one process
             device = f"XLA {spec.pjrt_device} device"
@@ -167,6 +173,8 @@ class LaunchPlan:
         return text
 
     def describe_path(self) -> str:
+        if isinstance(self.spec, XlaSpec) and self.spec.spmd_devices:
+            return f"{self.path} (torch_xla SPMD in one forked process per host)"
         return f"{self.path} ({PATHS[self.path]})"
 
     def as_dict(self) -> dict[str, Any]:

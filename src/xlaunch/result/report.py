@@ -46,6 +46,11 @@ class RankReport:
     dynamo_graphs: int | None = None
     dynamo_graph_breaks: int | None = None
     dynamo_recompiles: int | None = None
+    # SPMD: the devices the one process drove, the global mesh set (shape and axis names), and
+    # each device's memory (name, bytes used, bytes in all) where the runtime gives it
+    devices: int | None = None
+    mesh: str | None = None
+    device_memory: tuple[tuple[str, int, int], ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -54,6 +59,7 @@ class RankReport:
     def from_json(cls, text: str) -> RankReport:
         data = json.loads(text)
         data["compile_sources"] = tuple(tuple(item) for item in data.get("compile_sources", ()))
+        data["device_memory"] = tuple(tuple(item) for item in data.get("device_memory", ()))
         known = set(cls.__dataclass_fields__)
         return cls(**{key: value for key, value in data.items() if key in known})
 
@@ -114,6 +120,10 @@ def _rank_line(rank: RankReport) -> str:
         text += (f", {rank.compiles} graph(s) compiled in {rank.compile_seconds or 0:.2f} s, "
                  f"{rank.executions} run(s), {rank.transfers_to_device} transfer(s) to and "
                  f"{rank.transfers_from_device} from the device")
+    if rank.devices:
+        text += f"; SPMD over {rank.devices} devices, mesh {rank.mesh or '(none set)'}"
+        text += "".join(f"; {name} {used / 2**20:.0f} of {total / 2**20:.0f} MiB"
+                        for name, used, total in rank.device_memory)
     if rank.tpu_warnings:
         text += ", TorchTPU warnings: " + ", ".join(f"{c} x{n}" for c, n in rank.tpu_warnings.items())
     if rank.dynamo_graphs is not None:

@@ -8,6 +8,9 @@
   in the process that used them: in the leader they end with the launch's tree.
 - A layout whose variables ``xmp.spawn`` reads where it is called (`pool.caller_variables`) is set
   in the leader, never in the caller.
+- SPMD: the leader is the one process that drives every device. It switches SPMD on first, before
+  anything in it can start the runtime, and runs the function itself, without ``xmp.spawn``
+  (whose runtime would already be up when the function starts).
 
 The leader says what went wrong before any replica ran in a record of its own (`LEADER_FILE`);
 how each replica ended is in the replicas' own records and the owner's.
@@ -67,7 +70,12 @@ def lead(spec: XlaSpec, job: replica.Job, stderr_fd: int) -> None:
         os.environ.update(pool.caller_variables(spec))
         # Its replicas: in its own tree already, with nothing of the caller's to let go of.
         job = dataclasses.replace(job, setup=dataclasses.replace(job.setup, tree=None))
-        if spec.nprocs == 1:
+        if spec.spmd_devices:  # SPMD on before anything here can start the runtime
+            import torch_xla.runtime as xr
+
+            xr.use_spmd()
+            replica.replica(0, job)
+        elif spec.nprocs == 1:
             import torch_xla.distributed.xla_multiprocessing as xmp
 
             replica.FORKED_JOB = job

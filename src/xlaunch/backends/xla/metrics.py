@@ -47,7 +47,31 @@ def collect() -> dict[str, Any]:
                        if name.startswith("aten::") and name not in VALUE_READS},
         steps=int(met.counter_value("MarkStep") or 0),
         compile_sources=compile_sources(os.environ.get(DEBUG_FILE_VAR)),
+        **spmd_figures(),
     )
+
+
+def spmd_figures() -> dict[str, Any]:
+    """Under SPMD: the devices driven, the global mesh, and each device's memory where the runtime
+    gives it (``xm.get_memory_info``; the SPMD virtual device of torch_xla 2.8/2.9 gives none)."""
+    import torch_xla.runtime as xr
+
+    if not xr.is_spmd():
+        return {}
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.spmd as xs
+
+    mesh = xs.get_global_mesh()
+    memory = []
+    for device in xm.get_xla_supported_devices():
+        try:
+            info = xm.get_memory_info(device)
+            memory.append((str(device), int(info["bytes_used"]), int(info["bytes_limit"])))
+        except Exception:  # not given for this device: the report leaves it out
+            continue
+    return dict(devices=int(xr.global_runtime_device_count()),
+                mesh=None if mesh is None else f"{tuple(mesh.mesh_shape)} {tuple(mesh.axis_names)}",
+                device_memory=tuple(memory))
 
 
 def late_compiles(compile_time: Any, executed: list[Any]) -> int | None:

@@ -66,9 +66,40 @@ def replica(index: int, job: Job | None = None) -> None:
     world_size, local_ordinal = world()
     worker = Worker(job.setup, job.attempt, index, local_ordinal, world_size)
     function, args = replica_inputs(job)
-    result = worker.run(function, args, measure=collect)
+    with _spmd_refused():
+        result = worker.run(function, args, measure=collect)
     if local_ordinal == 0:  # each host of a pod returns its own first replica's result
         worker.send_back(result)
+
+
+SPMD_IN_A_REPLICA = (
+    "torch_xla.runtime.use_spmd() inside a launched function: this launch runs one replica per "
+    "device and the XLA runtime is already up in it, where use_spmd() would crash the process "
+    "(SIGSEGV). Launch with notebook_launcher(..., spmd=True) (xlaunch run --spmd): one process "
+    "then drives every device, with SPMD switched on before the runtime starts")
+
+
+@contextlib.contextmanager
+def _spmd_refused() -> Any:
+    """In a replica of a launch without SPMD, ``use_spmd()`` raises, naming ``spmd=True``, instead
+    of crashing the process: the launched function calls torch_xla's public function, which
+    this one replica process stands in for while the function runs (as `worker.script` stands
+    in for ``xmp.spawn`` in a script)."""
+    import torch_xla.runtime as xr
+
+    if xr.is_spmd():  # an SPMD launch: calling it again is harmless
+        yield
+        return
+    original = xr.use_spmd
+
+    def use_spmd(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(SPMD_IN_A_REPLICA)
+
+    xr.use_spmd = use_spmd
+    try:
+        yield
+    finally:
+        xr.use_spmd = original
 
 
 def replica_inputs(job: Job) -> tuple[Callable[..., Any], tuple[Any, ...]]:
