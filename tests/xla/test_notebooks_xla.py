@@ -141,6 +141,8 @@ def test_tpu_notebook_runs_its_xla_code_on_the_xla_device(name: str, kernel_env:
     assert "training worked" in stdout(tagged(nb, "check"))
     machine_check = stdout(tagged(nb, "machine-check"))
     assert "xlaunch check: ok, every step held" in machine_check, machine_check
+    if name == "tpu_kaggle.ipynb":  # FSDPv2 under SPMD, on the tier's one CPU device
+        assert re.search(r"^FSDPv2 over 1 device\(s\): loss", stdout(tagged(nb, "spmd")), re.M)
 
     found = json.loads(stdout(nb.cells[-1]).split(MARK, 1)[1])
     result = found["notebook"]
