@@ -722,7 +722,26 @@ XLA_SIDES = {  # side -> (what is launched, whether the caller imports torch_xla
     "ours": ("xlaunch.notebook_launcher", True),
     "ours-no-import": ("xlaunch.notebook_launcher, caller never imports torch_xla", False),
     "theirs": ('xmp.spawn(fn, start_method="fork")', True),
+    "ours-spmd": ("xlaunch.notebook_launcher(spmd=True), 4 devices", True),
+    "theirs-spmd": ("a forked process: use_spmd() + the function, 4 devices", True),
 }
+SPMD_DEVICES = "4"
+
+
+def raw_spmd(folder: str) -> None:
+    """The floor of an SPMD launch: fork, switch SPMD on, run the function, end."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            import torch_xla.runtime as xr
+
+            xr.use_spmd()
+            xla_tensor(folder)
+            code = 0
+        finally:
+            os._exit(code)
+    os.waitpid(pid, 0)
 
 
 def xla_child(side: str, out_dir: str) -> None:
@@ -739,8 +758,10 @@ def xla_child(side: str, out_dir: str) -> None:
         start = time.perf_counter()
         if side == "theirs":
             xmp.spawn(xla_tensor_indexed, args=(folder,), start_method="fork")
+        elif side == "theirs-spmd":
+            raw_spmd(folder)
         else:
-            xlaunch.notebook_launcher(xla_tensor, args=(folder,))
+            xlaunch.notebook_launcher(xla_tensor, args=(folder,), spmd=side == "ours-spmd")
         print(f"elapsed {time.perf_counter() - start}", flush=True)
 
 
@@ -763,10 +784,12 @@ def xla_figure(report: Report, repeats: int) -> None:
     sides = list(XLA_SIDES)
     first: dict[str, list[float]] = {side: [] for side in sides}
     second: dict[str, list[float]] = {side: [] for side in sides}
-    env = {**os.environ, **XLA_ENV}
     for repetition in range(repeats):
         shown = []
         for side in turns(sides, repetition):
+            env = {**os.environ, **XLA_ENV}
+            if side.endswith("spmd"):
+                env["CPU_NUM_DEVICES"] = SPMD_DEVICES
             with tempfile.TemporaryDirectory(prefix="xlaunch-bench-") as out_dir:
                 done = subprocess.run(
                     [sys.executable, os.path.abspath(__file__), "--xla-child", side, out_dir],
@@ -786,14 +809,16 @@ def xla_figure(report: Report, repeats: int) -> None:
             second[side].append(elapsed[1])
             shown.append(f"{side} {fmt(elapsed[0])} then {fmt(elapsed[1])}")
         print(f"  rep {repetition + 1}/{repeats}: " + "; ".join(shown), flush=True)
-    ours, no_import, theirs = (XLA_SIDES[side][0] for side in sides)
+    ours, no_import, theirs, spmd, raw = (XLA_SIDES[side][0] for side in sides)
     report.add([
         Row("XLA launch, one tensor (first in the interpreter)", ours, theirs, first["ours"],
-            first["theirs"], goal=1.2, note="torch and torch_xla imported by the caller before the clock"),
+            first["theirs"], goal=1.1, note="torch and torch_xla imported by the caller before the clock"),
         Row("XLA launch, one tensor (second in the interpreter)", ours, theirs, second["ours"],
-            second["theirs"], goal=1.2),
+            second["theirs"], goal=1.1),
+        Row("SPMD launch, one tensor (second in the interpreter)", spmd, raw, second["ours-spmd"],
+            second["theirs-spmd"], goal=1.2, note="4 XLA CPU devices"),
         Row("XLA launch, second, torch_xla not imported by the caller", no_import, theirs,
-            second["ours-no-import"], second["theirs"], goal=1.2,
+            second["ours-no-import"], second["theirs"], goal=1.1,
             note="ours with only torch imported in the caller (the first launch imports torch_xla "
                  "once); theirs as above (xmp.spawn needs the import)"),
     ])
