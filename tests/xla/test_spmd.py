@@ -62,10 +62,25 @@ def test_one_process_drives_every_device_and_a_batch_is_sharded_over_the_mesh(ca
     assert "SPMD over 4 devices" in err  # the report says what the process drove
 
 
+def sgd_steps(model: Any, optimizer: Any, x: Any, y: Any, steps: int) -> list[float]:
+    """Each step's loss, a graph cut after each step as a TPU loop makes one."""
+    import torch
+    import torch_xla
+
+    seen = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        torch_xla.sync()
+        seen.append(float(loss.detach().cpu()))
+    return seen
+
+
 def losses(spmd: bool) -> list[float]:
     """A small regression, 5 SGD steps; under SPMD the batch is sharded over every device."""
     import torch
-    import torch_xla
     import torch_xla.distributed.spmd as xs
 
     state = xlaunch.ProcessState()
@@ -76,16 +91,7 @@ def losses(spmd: bool) -> list[float]:
     x = torch.randn(32, 4, generator=torch.Generator().manual_seed(1)).to(state.device)
     if spmd:
         xs.mark_sharding(x, state.mesh(), ("data", None))
-    y = x.sum(1, keepdim=True)
-    seen = []
-    for _ in range(5):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        torch_xla.sync()
-        seen.append(float(loss.detach().cpu()))
-    return seen
+    return sgd_steps(model, optimizer, x, x.sum(1, keepdim=True), 5)
 
 
 def test_losses_equal_a_one_device_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,7 +104,6 @@ def test_losses_equal_a_one_device_run(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def fsdp_v2() -> list[float]:
     import torch
-    import torch_xla
     import torch_xla.distributed.spmd as xs
     from torch_xla.experimental.spmd_fully_sharded_data_parallel import (
         SpmdFullyShardedDataParallel as FSDPv2,
@@ -112,16 +117,7 @@ def fsdp_v2() -> list[float]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     x = torch.randn(16, 8, generator=torch.Generator().manual_seed(2)).to(state.device)
     xs.mark_sharding(x, xs.get_global_mesh(), ("fsdp", None))
-    y = x[:, :1] * 2
-    seen = []
-    for _ in range(4):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        torch_xla.sync()
-        seen.append(float(loss.detach().cpu()))
-    return seen
+    return sgd_steps(model, optimizer, x, x[:, :1] * 2, 4)
 
 
 def test_fsdp_v2_trains_on_the_launchs_mesh() -> None:
