@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xlaunch.detect.chips import torch_tpu_generation
 from xlaunch.detect.environment import Environment
-from xlaunch.detect.runtime import TORCH_TPU_BY_GENERATION
 from xlaunch.plan.options import LaunchOptions
 
 
@@ -40,7 +40,7 @@ def torch_tpu_layout(env: Environment, options: LaunchOptions) -> TorchTpuLayout
             "only 'spawn' (after its runtime starts a forked child raises, and its C++ cache of "
             "environment variables survives a fork, so a forked worker would read the parent's "
             "values). Leave start_method unset: TorchTPU launches spawn, in notebooks too.")
-    known = TORCH_TPU_BY_GENERATION.get(env.tpu_generation or "")
+    known = torch_tpu_generation(env.tpu_generation)
     if known is None:
         raise ValueError(
             f"TorchTPU does not run on this TPU ({env.tpu_generation or 'unknown generation'}): "
