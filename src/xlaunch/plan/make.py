@@ -213,6 +213,6 @@ def torch_tpu_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
     options = replace(options, num_nodes=layout.num_nodes, node_rank=layout.node_rank,
                       master_addr=layout.master_addr)
     spec = TorchTpuSpec(dist_backend="tpu_dist", start_method="spawn", topology=layout.topology,
-                        hosts=layout.hosts, **engine_fields(options))
+                        **engine_fields(options))
     return LaunchPlan("tpu", layout.processes, layout.processes * layout.num_nodes, spec,
                       num_nodes=layout.num_nodes, notes=layout.notes, **common(options))

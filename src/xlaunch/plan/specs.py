@@ -82,8 +82,11 @@ class TorchTpuSpec(ElasticSpec):
 
     path: ClassVar[PathName] = "torch_tpu"
     # dist_backend is "tpu_dist" and start_method "spawn" (TorchTPU supports only spawn).
-    topology: str = ""  # TORCH_TPU_TOPOLOGY TorchTPU's table gives this many processes per host
-    hosts: tuple[str, ...] = ()  # every host of a multi-host slice (TPU_WORKER_HOSTNAMES)
+    # TORCH_TPU_TOPOLOGY for this many processes per host, from TorchTPU's table (the count was
+    # checked against it). The backend does not pass it on: set_tpu_launch_env computes the same
+    # value from the same table (a TORCH_TPU_TOPOLOGY the user set wins there). It is kept
+    # because `xlaunch env` names it ("TPU topology"), so a bug report shows the layout.
+    topology: str = ""
 
 
 @dataclass(frozen=True)

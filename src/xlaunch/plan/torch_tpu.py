@@ -28,7 +28,6 @@ class TorchTpuLayout:
     num_nodes: int = 1
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
-    hosts: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
 
@@ -84,7 +83,7 @@ def _on_hosts(layout: TorchTpuLayout, env: Environment, options: LaunchOptions) 
                 "TPU_WORKER_HOSTNAMES and TPU_WORKER_ID): leave it at its default on a TPU slice.")
     note = (f"TPU slice: host {env.tpu_host_index} of {len(hosts)}, meeting at {hosts[0]}",)
     return TorchTpuLayout(layout.processes, layout.topology, len(hosts), env.tpu_host_index,
-                          hosts[0], hosts, note)
+                          hosts[0], note)
 
 
 def _choices(values: list[int]) -> str:
