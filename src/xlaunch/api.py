@@ -15,7 +15,14 @@ from typing import Any
 from xlaunch.backends import carry_out
 from xlaunch.detect import detect
 from xlaunch.plan import LaunchOptions, LaunchPlan, make_plan
-from xlaunch.plan.options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT, DEFAULT_STOP_GRACE
+from xlaunch.plan.options import (
+    DEFAULT_MASTER_ADDR,
+    DEFAULT_MONITOR_INTERVAL,
+    DEFAULT_PORT,
+    DEFAULT_RDZV_BACKEND,
+    DEFAULT_RDZV_ID,
+    DEFAULT_STOP_GRACE,
+)
 from xlaunch.result import LaunchReport, judge, make_report
 from xlaunch.result.report import report_shown
 
@@ -26,13 +33,13 @@ def notebook_launcher(
     num_processes: int | None = None,
     mixed_precision: str = "no",
     use_port: str = DEFAULT_PORT,
-    master_addr: str = "127.0.0.1",
+    master_addr: str = DEFAULT_MASTER_ADDR,
     node_rank: int = 0,
     num_nodes: int = 1,
-    rdzv_backend: str = "static",
+    rdzv_backend: str = DEFAULT_RDZV_BACKEND,
     rdzv_endpoint: str = "",
     rdzv_conf: Mapping[str, Any] | None = None,
-    rdzv_id: str = "none",
+    rdzv_id: str = DEFAULT_RDZV_ID,
     max_restarts: int = 0,
     monitor_interval: float = DEFAULT_MONITOR_INTERVAL,
     log_line_prefix_template: str | None = None,

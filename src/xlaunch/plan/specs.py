@@ -16,6 +16,13 @@ from xlaunch.names import (
     PathName,
     StartMethod,
 )
+from xlaunch.plan.options import (
+    DEFAULT_MASTER_ADDR,
+    DEFAULT_MONITOR_INTERVAL,
+    DEFAULT_RDZV_BACKEND,
+    DEFAULT_RDZV_ID,
+    DEFAULT_STOP_GRACE,
+)
 
 PATHS: dict[PathName, str] = {
     "xla": "torch_xla xmp.spawn",
@@ -53,15 +60,15 @@ class ElasticSpec:
     port: int
     port_fallback: bool = False  # taken at launch time: use a free one instead (the default port)
     node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    rdzv_backend: str = "static"
+    master_addr: str = DEFAULT_MASTER_ADDR
+    rdzv_backend: str = DEFAULT_RDZV_BACKEND
     rdzv_endpoint: str = ""
     rdzv_conf: Mapping[str, Any] = field(default_factory=dict)
-    rdzv_id: str = "none"
+    rdzv_id: str = DEFAULT_RDZV_ID
     max_restarts: int = 0
     # Seconds between checks on what does not arrive as a process's end (another node's failure);
     # a worker's end is seen the moment it happens.
-    monitor_interval: float = 0.1
+    monitor_interval: float = float(DEFAULT_MONITOR_INTERVAL)
     log_line_prefix_template: str | None = None  # the engine prefixes (and tees) when set
     cpu_threads: int = 0  # torch threads per CPU worker; 0 leaves torch's choice
     loopback_only: bool = True  # one node: everything meets through files and on `lo`
@@ -111,7 +118,7 @@ class LaunchPlan:
     mixed_precision: MixedPrecision = "no"
     timeout: float | None = None
     report: bool = True
-    stop_grace: float = 3.0  # a stop's SIGTERM, then SIGKILL after this many seconds
+    stop_grace: float = DEFAULT_STOP_GRACE  # a stop's SIGTERM, then SIGKILL after this long
     memory_total: int | None = None  # this machine's memory, for the report's memory warning
     notes: tuple[str, ...] = ()  # what the user should be told about this plan
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from xlaunch.detect.chips import torch_tpu_generation
 from xlaunch.detect.environment import Environment
-from xlaunch.plan.options import LaunchOptions
+from xlaunch.plan.options import DEFAULT_MASTER_ADDR, LaunchOptions
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class TorchTpuLayout:
     topology: str  # TORCH_TPU_TOPOLOGY for that count
     num_nodes: int = 1
     node_rank: int = 0
-    master_addr: str = "127.0.0.1"
+    master_addr: str = DEFAULT_MASTER_ADDR
     notes: tuple[str, ...] = ()
 
 
