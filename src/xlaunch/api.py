@@ -57,7 +57,9 @@ def notebook_launcher(
 
     Args:
         function: called as ``function(*args)`` in every process; read the rank from
-            `ProcessState`. Defined in a notebook cell is fine: workers are forked.
+            `ProcessState`. Defined in a notebook cell is fine: a forked worker (the default on
+            Linux) inherits it, and under ``spawn`` or ``forkserver`` (TorchTPU spawns) it
+            travels by value (cloudpickle).
         args: the arguments, a tuple.
         num_processes: processes on this machine. None: every TPU core, every GPU, or one
             process on a CPU-only machine. A count the hardware cannot run is a `ValueError`.
@@ -78,8 +80,9 @@ def notebook_launcher(
         monitor_interval: seconds between the launcher's checks on what does not arrive as a
             worker's end (with several machines: another node's failure). A worker's end is seen
             the moment it happens.
-        log_line_prefix_template: torch elastic's prefix for each worker's output lines (for
-            example ``"[${rank}] "``); by default lines are prefixed ``[rank N]``.
+        log_line_prefix_template: a prefix for each worker's output lines, in torch elastic's
+            template syntax (for example ``"[${rank}] "``); by default lines are prefixed
+            ``[rank N]``.
         timeout: seconds the whole launch may take; then every worker is stopped and
             `LaunchTimeout` shows where each rank stood.
         start_method: ``"fork"`` (default on Linux), ``"spawn"`` or ``"forkserver"``.
@@ -146,7 +149,7 @@ def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ..
     error = judge(outcome, report)
     if error is not None:
         raise error from outcome.exception
-    if outcome.exception is not None:  # the engine failed before any worker ran
+    if outcome.exception is not None:  # the launch itself failed before any worker ran
         raise outcome.exception
     return outcome.result
 

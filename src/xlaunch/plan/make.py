@@ -1,9 +1,12 @@
-"""Environment + the caller's options -> one `LaunchPlan`. Every refusal and decision lives here.
+"""Environment + the caller's options -> one `LaunchPlan`: the path, and its spec decided here.
 
-Keeping the decisions in one place means a bad argument is refused before any process starts,
-`xlaunch env` can show what a launch would do without doing it, and each backend only carries out
-a plan it never has to second-guess: the port, the threads per CPU process, the interface workers
-meet on, the PJRT device, the engine's check interval are all decided here.
+Every decision and every refusal lives in the plan package: this module picks the path and fills
+its spec; `refusals` refuses values out of range and options the path would leave unused;
+`tpu_layout` and `torch_tpu` refuse process counts a TPU runtime cannot lay out. Keeping them in
+one package means a bad argument is refused before any process starts, `xlaunch env` can show
+what a launch would do without doing it, and each backend only carries out a plan it never has to
+second-guess: the port, the threads per CPU process, the interface workers meet on, the PJRT
+device, the check interval are all decided here.
 """
 
 from __future__ import annotations

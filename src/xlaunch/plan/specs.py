@@ -69,7 +69,8 @@ class ElasticSpec:
     # Seconds between checks on what does not arrive as a process's end (another node's failure);
     # a worker's end is seen the moment it happens.
     monitor_interval: float = float(DEFAULT_MONITOR_INTERVAL)
-    log_line_prefix_template: str | None = None  # the engine prefixes (and tees) when set
+    # Each worker's line prefix (${rank}, ${local_rank}); None: "[rank N] " with several ranks.
+    log_line_prefix_template: str | None = None
     cpu_threads: int = 0  # torch threads per CPU worker; 0 leaves torch's choice
     loopback_only: bool = True  # one node: everything meets through files and on `lo`
 
