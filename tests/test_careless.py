@@ -207,7 +207,7 @@ def ignore_term_on_rank_zero_while_rank_one_fails():
     raise ValueError("rank one fails")
 
 
-@pytest.mark.timeout(25)  # torch elastic alone waits 30 s before it SIGKILLs a worker
+@pytest.mark.timeout(25)  # torch elastic's own PContext would wait 30 s before its SIGKILL
 def test_a_worker_that_ignores_sigterm_ends_within_the_stop_grace():
     with pytest.raises(LaunchError) as caught:
         notebook_launcher(ignore_term_on_rank_zero_while_rank_one_fails, num_processes=2,

@@ -97,7 +97,7 @@ def test_a_pod_slice_takes_hosts_and_rank_from_gce(tmp_path: Path) -> None:
     assert (launch.num_nodes, launch.num_processes, launch.world_size) == (4, 4, 16)
     assert (spec.node_rank, spec.master_addr, spec.loopback_only, spec.rdzv_backend) == (
         2, "t1v-w-0", False, "static")
-    assert spec.hosts == ("t1v-w-0", "t1v-w-1", "t1v-w-2", "t1v-w-3")
+    assert launch.notes == ("TPU slice: host 2 of 4, meeting at t1v-w-0",)
     assert not spec.port_fallback  # every host was told the same port
     assert "on host 2 of 4" in launch.summary()
     # Options that say the same are accepted; ones that disagree are refused by name.

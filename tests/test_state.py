@@ -1,7 +1,8 @@
 """ProcessState in real gloo worlds on the CPU: which ranks ran what, and in what order.
 
-Workers are forked by torch.multiprocessing and join a process group through a FileStore, so no
-network is needed. Order is read from one append-only event log: each line is a single
+Workers are forked (the default start method; processes of torch.multiprocessing's context,
+started by the launch's owner) and join a process group through a FileStore, so no network is
+needed. Order is read from one append-only event log: each line is a single
 ``O_APPEND`` write, so line order is the order in which the ranks wrote them. The sleeps below only
 give a broken barrier the chance to show; nothing asserts on durations.
 """

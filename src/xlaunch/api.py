@@ -15,7 +15,14 @@ from typing import Any, NoReturn
 from xlaunch.backends import carry_out
 from xlaunch.detect import detect
 from xlaunch.plan import LaunchOptions, LaunchPlan, make_plan
-from xlaunch.plan.options import DEFAULT_MONITOR_INTERVAL, DEFAULT_PORT, DEFAULT_STOP_GRACE
+from xlaunch.plan.options import (
+    DEFAULT_MASTER_ADDR,
+    DEFAULT_MONITOR_INTERVAL,
+    DEFAULT_PORT,
+    DEFAULT_RDZV_BACKEND,
+    DEFAULT_RDZV_ID,
+    DEFAULT_STOP_GRACE,
+)
 from xlaunch.result import LaunchReport, judge, make_report
 from xlaunch.result.report import report_shown
 from xlaunch.worker.nested import refuse_nested_launch
@@ -27,13 +34,13 @@ def notebook_launcher(
     num_processes: int | None = None,
     mixed_precision: str = "no",
     use_port: str = DEFAULT_PORT,
-    master_addr: str = "127.0.0.1",
+    master_addr: str = DEFAULT_MASTER_ADDR,
     node_rank: int = 0,
     num_nodes: int = 1,
-    rdzv_backend: str = "static",
+    rdzv_backend: str = DEFAULT_RDZV_BACKEND,
     rdzv_endpoint: str = "",
     rdzv_conf: Mapping[str, Any] | None = None,
-    rdzv_id: str = "none",
+    rdzv_id: str = DEFAULT_RDZV_ID,
     max_restarts: int = 0,
     monitor_interval: float = DEFAULT_MONITOR_INTERVAL,
     log_line_prefix_template: str | None = None,
@@ -52,7 +59,9 @@ def notebook_launcher(
 
     Args:
         function: called as ``function(*args)`` in every process; read the rank from
-            `ProcessState`. Defined in a notebook cell is fine: workers are forked.
+            `ProcessState`. Defined in a notebook cell is fine: a forked worker (the default on
+            Linux) inherits it, and under ``spawn`` or ``forkserver`` (TorchTPU spawns) it
+            travels by value (cloudpickle).
         args: the arguments, a tuple.
         num_processes: processes on this machine. None: every TPU core, every GPU, or one
             process on a CPU-only machine. A count the hardware cannot run is a `ValueError`.
@@ -73,8 +82,9 @@ def notebook_launcher(
         monitor_interval: seconds between the launcher's checks on what does not arrive as a
             worker's end (with several machines: another node's failure). A worker's end is seen
             the moment it happens.
-        log_line_prefix_template: torch elastic's prefix for each worker's output lines (for
-            example ``"[${rank}] "``); by default lines are prefixed ``[rank N]``.
+        log_line_prefix_template: a prefix for each worker's output lines, in torch elastic's
+            template syntax (for example ``"[${rank}] "``); by default lines are prefixed
+            ``[rank N]``.
         timeout: seconds the whole launch may take; then every worker is stopped and
             `LaunchTimeout` shows where each rank stood.
         start_method: ``"fork"`` (default on Linux), ``"spawn"`` or ``"forkserver"``.
@@ -160,7 +170,7 @@ def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ..
         error.__cause__ = outcome.exception
         _raise(error)
     _print_report(plan, report)
-    if outcome.exception is not None:  # the engine failed before any worker ran
+    if outcome.exception is not None:  # the launch itself failed before any worker ran
         raise outcome.exception
     return outcome.result
 

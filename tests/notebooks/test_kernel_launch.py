@@ -193,7 +193,8 @@ notebook_launcher(sleeps, args=({str(pid_dir)!r},), num_processes=2)
 
 
 def test_the_stop_button_still_stops_plain_cells_after_the_launches(kernel, tmp_path):
-    """The engine replaces the kernel's SIGINT handler during a launch; it must be put back."""
+    """A launch holds off a second Ctrl-C while a stop cleans up (its own SIGINT handler, for
+    that moment); the kernel's handler must be put back."""
     marker = tmp_path / "running"
 
     def interrupt_once_running():

@@ -14,7 +14,8 @@ import pytest
 
 from tests.fakes import COLAB, KAGGLE, fake_machine
 from xlaunch.detect import detect
-from xlaunch.detect.runtime import TORCH_TPU_CHIPS, install_line, installed_versions
+from xlaunch.detect.chips import CHIPS
+from xlaunch.detect.runtime import install_line, installed_versions
 from xlaunch.plan import TorchTpuSpec, XlaSpec, make_plan
 
 
@@ -64,12 +65,18 @@ def test_detection_imports_neither_runtime(tmp_path: Path) -> None:
 
 
 def test_the_tables_are_torch_tpus_own() -> None:
+    """The chip table's TorchTPU column is the installed torch-tpu's: the ids it runs on, each
+    one's generation, devices per chip and topologies."""
     from torch_tpu._internal.utils import hardware
 
+    ours = {pci: chip.torch_tpu for pci, chip in CHIPS.items() if chip.torch_tpu is not None}
     theirs = {pci: dict(table) for pci, table in hardware._TOPOLOGY_BY_TPU_PCI_DEVICE_ID.items()}
-    assert {pci: chip.topologies for pci, chip in TORCH_TPU_CHIPS.items()} == theirs
-    per_chip = {hardware.TpuVersion(name).name: count for name, count in (
-        (hardware._PCI_DEVICE_ID_TO_NAME[pci], chip.devices_per_chip)
-        for pci, chip in TORCH_TPU_CHIPS.items())}
+    assert {pci: dict(chip.topologies) for pci, chip in ours.items()} == theirs
+    # TorchTPU's names, spelled as Environment.tpu_generation spells them ("TPU v7" is 7x).
+    names = {pci: name.removeprefix("TPU ").replace("v7", "7x")
+             for pci, name in hardware._PCI_DEVICE_ID_TO_NAME.items()}
+    assert {pci: chip.generation for pci, chip in ours.items()} == names
+    per_chip = {hardware.TpuVersion(hardware._PCI_DEVICE_ID_TO_NAME[pci]).name: chip.devices_per_chip
+                for pci, chip in ours.items()}
     assert per_chip == {version.name: hardware._DEVICES_PER_CHIP.get(version, 1)
                         for version in hardware.TpuVersion if version.name != "UNKNOWN"}

@@ -1,7 +1,7 @@
 """The XLA backend on torch_xla's CPU device: real launches, failures, timeouts, interrupts.
 
-This process imports torch_xla once, so that each launch's leader (forked from it) starts in a
-fraction of a second, but it never initialises the XLA runtime: every launch runs in processes
+This process imports torch_xla once, so that each launch's pool or leader (forked from it) starts
+in a fraction of a second, but it never initialises the XLA runtime: every launch runs in processes
 the backend forks, and the last test checks that the runtime here is still untouched. Scenarios
 that need a fresh interpreter (a runtime initialised before the launch, a Ctrl-C) run in one.
 """

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from xlaunch.result.outcome import Outcome, judge
 
-POLL_S = 0.05
+POLL_S = 0.05  # how often the caller's thread looks at the clock and the launch's own checks
 
 
 def run_attempts(max_restarts: int, timeout: float | None,

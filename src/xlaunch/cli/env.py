@@ -235,7 +235,6 @@ def _plan_rows(plan: dict[str, Any]) -> dict[str, Any]:
     elif plan["path"] == "torch_tpu":
         rows.update({"start method": spec["start_method"], "TPU topology": spec["topology"],
                      "port": spec["port"], "rendezvous": spec["rdzv_backend"],
-                     "hosts": ",".join(spec["hosts"]) or None,
                      "chosen at launch": "TorchTPU's slice-builder ports (set_tpu_launch_env) "
                                          "and a free handshake port",
                      "restarts": spec["max_restarts"]})

@@ -12,8 +12,11 @@ import sys
 from typing import Any
 
 from xlaunch.plan.options import (
+    DEFAULT_MASTER_ADDR,
     DEFAULT_MONITOR_INTERVAL,
     DEFAULT_PORT,
+    DEFAULT_RDZV_BACKEND,
+    DEFAULT_RDZV_ID,
     DEFAULT_STOP_GRACE,
     MIXED_PRECISIONS,
     RDZV_BACKENDS,
@@ -43,23 +46,26 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-rank", "--node_rank", "--machine_rank", dest="node_rank", type=int,
                         default=0, metavar="R", help="this machine's index, 0 to num-nodes-1")
     parser.add_argument("--master-addr", "--master_addr", "--main_process_ip", dest="master_addr",
-                        default="127.0.0.1", metavar="HOST",
+                        default=DEFAULT_MASTER_ADDR, metavar="HOST",
                         help="address of node 0 (multi-node static rendezvous)")
     parser.add_argument("--master-port", "--master_port", "--main_process_port", dest="master_port",
                         default=None, metavar="PORT",
-                        help="port on node 0 (default 29500, or a free one when that is taken)")
-    parser.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="static",
-                        metavar="NAME", help=f"one of {', '.join(RDZV_BACKENDS)} (default static)")
+                        help=f"port on node 0 (default {DEFAULT_PORT}, or a free one when that "
+                             "is taken)")
+    parser.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend",
+                        default=DEFAULT_RDZV_BACKEND, metavar="NAME",
+                        help=f"one of {', '.join(RDZV_BACKENDS)} (default: %(default)s)")
     parser.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default="",
                         metavar="HOST:PORT", help="rendezvous endpoint (default master-addr:port)")
-    parser.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default="none", metavar="ID",
+    parser.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default=DEFAULT_RDZV_ID,
+                        metavar="ID",
                         help="job id shared by every node")
     parser.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0,
                         metavar="N", help="restart the workers up to N times after a failure")
     parser.add_argument("--monitor-interval", "--monitor_interval", dest="monitor_interval",
                         type=float, default=None, metavar="SECONDS",
-                        help="seconds between the launcher's checks on what is not a worker's end, "
-                             "such as another node's failure (default: 0.1)")
+                        help="how often a launch checks what no worker's end reports (another "
+                             f"node's failure; default: every {DEFAULT_MONITOR_INTERVAL:g} s)")
     add_common_arguments(parser)
     parser.add_argument("--cpu", action="store_true",
                         help="debug: run CPU processes over gloo even where a TPU or GPU is present")

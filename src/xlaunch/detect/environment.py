@@ -16,25 +16,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from xlaunch.detect.chips import CHIPS, TPU_PCI_VENDOR, torch_tpu_chip
 from xlaunch.detect.holders import DeviceHolder, tpu_holders
-from xlaunch.detect.runtime import TORCH_TPU_CHIPS, installed_runtime, installed_versions, runtime_override
+from xlaunch.detect.runtime import installed_runtime, installed_versions, runtime_override
 from xlaunch.names import Accelerator, TpuRuntime
 
 Platform = Literal["colab", "kaggle", "cloud-tpu-vm", "local"]
-
-TPU_PCI_VENDOR = "0x1ae0"
-
-# PCI device id -> (generation, cores per chip). 0x0056 and 0x0062 are ids torch_xla also treats
-# as TPUs (test parts); their generation is unknown.
-TPU_PCI_DEVICES: dict[str, tuple[str | None, int]] = {
-    "0x0027": ("v2/v3", 2),
-    "0x005e": ("v4", 1),
-    "0x0063": ("v5e", 1),
-    "0x0062": (None, 1),
-    "0x0056": (None, 1),
-    "0x006f": ("v6e", 1),
-    "0x0076": ("7x", 1),
-}
 
 ACCELERATOR_OVERRIDE = "XLAUNCH_ACCELERATOR"
 ACCELERATOR_CHOICES = ("tpu", "cuda", "cpu", "xla")
@@ -160,7 +147,7 @@ def _tpu_chips(base: Path) -> list[str]:
         if _read(entry / "vendor") != TPU_PCI_VENDOR:
             continue
         device_id = _read(entry / "device")
-        if device_id in TPU_PCI_DEVICES:
+        if device_id in CHIPS:
             chips.append(device_id)
     if not chips:
         return []
@@ -180,7 +167,7 @@ def _torch_tpu_environment(base: Path, chips: list[str], platform: Platform, int
                            pod: tuple[tuple[str, ...], int | None]) -> Environment:
     """A TPU as TorchTPU counts it: one device per TPU PCI function exposed through VFIO (its
     IOMMU group has a /dev/vfio node), two per chip on v7. No VFIO (/dev/accel*): no devices."""
-    known = TORCH_TPU_CHIPS.get(chips[0])
+    known = torch_tpu_chip(chips[0])
     if known is None:  # only an override gets here: TorchTPU knows no such chip (v2/v3)
         generation, cores = _one_generation(chips)
         return Environment(platform, "tpu", 0, generation, len(chips), cores, interactive, False,
@@ -195,7 +182,7 @@ def _vfio_functions(base: Path) -> int:
     """TPU PCI functions whose IOMMU group is open through /dev/vfio (what torch_tpu counts)."""
     count = 0
     for entry in _pci_entries(base):
-        if _read(entry / "vendor") != TPU_PCI_VENDOR or _read(entry / "device") not in TORCH_TPU_CHIPS:
+        if _read(entry / "vendor") != TPU_PCI_VENDOR or not torch_tpu_chip(_read(entry / "device")):
             continue
         try:
             group = os.readlink(entry / "iommu_group")
@@ -222,8 +209,9 @@ def _pci_entries(base: Path) -> list[Path]:
 
 
 def _one_generation(chips: list[str]) -> tuple[str | None, int]:
-    generation, cores = TPU_PCI_DEVICES[chips[0]]
-    return generation, cores
+    """The generation and cores per chip torch_xla spawns on (the first chip's id)."""
+    chip = CHIPS[chips[0]].torch_xla
+    return chip.generation, chip.cores
 
 
 def _names_tpu_node(env: Mapping[str, str]) -> bool:

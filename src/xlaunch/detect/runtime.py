@@ -13,37 +13,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
+from xlaunch.detect.chips import torch_tpu_chip
 from xlaunch.names import TpuRuntime
 
 NEWEST_TORCH_XLA = (2, 9)  # the newest torch_xla release; each needs the torch of its number
 TORCH_TPU_TORCH = ((2, 11), (2, 15))  # torch-tpu 0.2.0: torch >=2.11,<=2.15 (glue for each)
 RUNTIME_OVERRIDE = "XLAUNCH_TPU_RUNTIME"
 RUNTIMES: tuple[TpuRuntime, ...] = ("torch_xla", "torch_tpu")
-
-
-class TorchTpuChip:
-    """One TPU generation as TorchTPU knows it (torch_tpu/_internal/utils/hardware.py, 0.2.0)."""
-
-    def __init__(self, generation: str, devices_per_chip: int, topologies: Mapping[int, str]):
-        self.generation = generation
-        self.devices_per_chip = devices_per_chip  # devices TorchTPU runs a process on, per chip
-        self.topologies = dict(topologies)  # processes per host -> TORCH_TPU_TOPOLOGY
-
-    @property
-    def counts(self) -> tuple[int, ...]:
-        return tuple(sorted(self.topologies))
-
-
-# TorchTPU's topology tables, by PCI device id (tests in the torch_tpu tier compare them with the
-# installed package's own). 0x0027 (v2/v3) is absent: those chips run torch_xla only.
-TORCH_TPU_CHIPS: dict[str, TorchTpuChip] = {
-    "0x005e": TorchTpuChip("v4", 1, {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"}),
-    "0x0062": TorchTpuChip("v5p", 1, {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"}),
-    "0x0063": TorchTpuChip("v5e", 1, {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"}),
-    "0x006f": TorchTpuChip("v6e", 1, {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"}),
-    "0x0076": TorchTpuChip("7x", 2, {2: "1,1,1,2", 4: "1,2,1,2", 8: "2,2,1,2"}),
-}
-TORCH_TPU_BY_GENERATION = {chip.generation: chip for chip in TORCH_TPU_CHIPS.values()}
 
 
 def installed_versions() -> dict[str, str | None]:
@@ -79,7 +55,7 @@ def torch_tpu_fits(torch: tuple[int, int] | None) -> bool:
 def installed_runtime(chip_id: str | None, versions: Mapping[str, str | None]) -> TpuRuntime | None:
     """The installed runtime that works with the installed torch on a chip with this PCI id."""
     torch = release(versions.get("torch"))
-    if versions.get("torch-tpu") and chip_id in TORCH_TPU_CHIPS and torch_tpu_fits(torch):
+    if versions.get("torch-tpu") and torch_tpu_chip(chip_id) and torch_tpu_fits(torch):
         return "torch_tpu"
     if versions.get("torch_xla") and torch is not None and release(versions["torch_xla"]) == torch:
         return "torch_xla"

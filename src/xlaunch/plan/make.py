@@ -1,9 +1,12 @@
-"""Environment + the caller's options -> one `LaunchPlan`. Every refusal and decision lives here.
+"""Environment + the caller's options -> one `LaunchPlan`: the path, and its spec decided here.
 
-Keeping the decisions in one place means a bad argument is refused before any process starts,
-`xlaunch env` can show what a launch would do without doing it, and each backend only carries out
-a plan it never has to second-guess: the port, the threads per CPU process, the interface workers
-meet on, the PJRT device, the engine's check interval are all decided here.
+Every decision and every refusal lives in the plan package: this module picks the path and fills
+its spec; `refusals` refuses values out of range and options the path would leave unused;
+`tpu_layout` and `torch_tpu` refuse process counts a TPU runtime cannot lay out. Keeping them in
+one package means a bad argument is refused before any process starts, `xlaunch env` can show
+what a launch would do without doing it, and each backend only carries out a plan it never has to
+second-guess: the port, the threads per CPU process, the interface workers meet on, the PJRT
+device, the check interval are all decided here.
 """
 
 from __future__ import annotations
@@ -254,6 +257,6 @@ def torch_tpu_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
     options = replace(options, num_nodes=layout.num_nodes, node_rank=layout.node_rank,
                       master_addr=layout.master_addr)
     spec = TorchTpuSpec(dist_backend="tpu_dist", start_method="spawn", topology=layout.topology,
-                        hosts=layout.hosts, **engine_fields(options))
+                        **engine_fields(options))
     return LaunchPlan("tpu", layout.processes, layout.processes * layout.num_nodes, spec,
                       num_nodes=layout.num_nodes, notes=layout.notes, **common(options))

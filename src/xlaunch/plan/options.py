@@ -13,7 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# The defaults of notebook_launcher's options, each defined here once: the signature, the command
+# line, the options object and the plan's specs read them from here.
 DEFAULT_STOP_GRACE = 3.0  # seconds between a stop's SIGTERM and its SIGKILL
+DEFAULT_MASTER_ADDR = "127.0.0.1"  # loopback: a one-machine launch listens nowhere else
+DEFAULT_RDZV_BACKEND = "static"
+DEFAULT_RDZV_ID = "none"
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 START_METHODS = ("fork", "spawn", "forkserver")
@@ -48,13 +53,13 @@ class LaunchOptions:
     num_processes: int | None = None
     mixed_precision: str = "no"
     use_port: str | int = DEFAULT_PORT
-    master_addr: str = "127.0.0.1"
+    master_addr: str = DEFAULT_MASTER_ADDR
     node_rank: int = 0
     num_nodes: int = 1
-    rdzv_backend: str = "static"
+    rdzv_backend: str = DEFAULT_RDZV_BACKEND
     rdzv_endpoint: str = ""
     rdzv_conf: Mapping[str, Any] | None = None
-    rdzv_id: str = "none"
+    rdzv_id: str = DEFAULT_RDZV_ID
     max_restarts: int = 0
     monitor_interval: float = DEFAULT_MONITOR_INTERVAL
     log_line_prefix_template: str | None = None

@@ -16,6 +16,13 @@ from xlaunch.names import (
     PathName,
     StartMethod,
 )
+from xlaunch.plan.options import (
+    DEFAULT_MASTER_ADDR,
+    DEFAULT_MONITOR_INTERVAL,
+    DEFAULT_RDZV_BACKEND,
+    DEFAULT_RDZV_ID,
+    DEFAULT_STOP_GRACE,
+)
 
 PATHS: dict[PathName, str] = {
     "xla": "torch_xla xmp.spawn",
@@ -54,16 +61,17 @@ class ElasticSpec:
     port: int
     port_fallback: bool = False  # taken at launch time: use a free one instead (the default port)
     node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    rdzv_backend: str = "static"
+    master_addr: str = DEFAULT_MASTER_ADDR
+    rdzv_backend: str = DEFAULT_RDZV_BACKEND
     rdzv_endpoint: str = ""
     rdzv_conf: Mapping[str, Any] = field(default_factory=dict)
-    rdzv_id: str = "none"
+    rdzv_id: str = DEFAULT_RDZV_ID
     max_restarts: int = 0
     # Seconds between checks on what does not arrive as a process's end (another node's failure);
     # a worker's end is seen the moment it happens.
-    monitor_interval: float = 0.1
-    log_line_prefix_template: str | None = None  # the engine prefixes (and tees) when set
+    monitor_interval: float = float(DEFAULT_MONITOR_INTERVAL)
+    # Each worker's line prefix (${rank}, ${local_rank}); None: "[rank N] " with several ranks.
+    log_line_prefix_template: str | None = None
     cpu_threads: int = 0  # torch threads per CPU worker; 0 leaves torch's choice
     loopback_only: bool = True  # one node: everything meets through files and on `lo`
 
@@ -83,8 +91,11 @@ class TorchTpuSpec(ElasticSpec):
 
     path: ClassVar[PathName] = "torch_tpu"
     # dist_backend is "tpu_dist" and start_method "spawn" (TorchTPU supports only spawn).
-    topology: str = ""  # TORCH_TPU_TOPOLOGY TorchTPU's table gives this many processes per host
-    hosts: tuple[str, ...] = ()  # every host of a multi-host slice (TPU_WORKER_HOSTNAMES)
+    # TORCH_TPU_TOPOLOGY for this many processes per host, from TorchTPU's table (the count was
+    # checked against it). The backend does not pass it on: set_tpu_launch_env computes the same
+    # value from the same table (a TORCH_TPU_TOPOLOGY the user set wins there). It is kept
+    # because `xlaunch env` names it ("TPU topology"), so a bug report shows the layout.
+    topology: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,7 +120,7 @@ class LaunchPlan:
     mixed_precision: MixedPrecision = "no"
     timeout: float | None = None
     report: bool = True
-    stop_grace: float = 3.0  # a stop's SIGTERM, then SIGKILL after this many seconds
+    stop_grace: float = DEFAULT_STOP_GRACE  # a stop's SIGTERM, then SIGKILL after this long
     memory_total: int | None = None  # this machine's memory, for the report's memory warning
     notes: tuple[str, ...] = ()  # what the user should be told about this plan
 

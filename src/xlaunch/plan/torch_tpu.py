@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xlaunch.detect.chips import torch_tpu_generation
 from xlaunch.detect.environment import Environment
-from xlaunch.detect.runtime import TORCH_TPU_BY_GENERATION
-from xlaunch.plan.options import LaunchOptions
+from xlaunch.plan.options import DEFAULT_MASTER_ADDR, LaunchOptions
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,7 @@ class TorchTpuLayout:
     topology: str  # TORCH_TPU_TOPOLOGY for that count
     num_nodes: int = 1
     node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    hosts: tuple[str, ...] = ()
+    master_addr: str = DEFAULT_MASTER_ADDR
     notes: tuple[str, ...] = ()
 
 
@@ -40,7 +39,7 @@ def torch_tpu_layout(env: Environment, options: LaunchOptions) -> TorchTpuLayout
             "only 'spawn' (after its runtime starts a forked child raises, and its C++ cache of "
             "environment variables survives a fork, so a forked worker would read the parent's "
             "values). Leave start_method unset: TorchTPU launches spawn, in notebooks too.")
-    known = TORCH_TPU_BY_GENERATION.get(env.tpu_generation or "")
+    known = torch_tpu_generation(env.tpu_generation)
     if known is None:
         raise ValueError(
             f"TorchTPU does not run on this TPU ({env.tpu_generation or 'unknown generation'}): "
@@ -84,7 +83,7 @@ def _on_hosts(layout: TorchTpuLayout, env: Environment, options: LaunchOptions) 
                 "TPU_WORKER_HOSTNAMES and TPU_WORKER_ID): leave it at its default on a TPU slice.")
     note = (f"TPU slice: host {env.tpu_host_index} of {len(hosts)}, meeting at {hosts[0]}",)
     return TorchTpuLayout(layout.processes, layout.topology, len(hosts), env.tpu_host_index,
-                          hosts[0], hosts, note)
+                          hosts[0], note)
 
 
 def _choices(values: list[int]) -> str:

@@ -27,7 +27,10 @@ from xlaunch.result.report import RankReport
 
 PREFIX = "xlaunch-"
 SHARED_MEMORY = Path("/dev/shm")  # where a returned value's bytes may go (worker/value.py)
+# What the launch's owner (backends/processes.py) sends a live rank at a timeout: the rank's
+# faulthandler (worker/rank.py) writes every thread's stack into the launch folder.
 STACK_SIGNAL = signal.SIGUSR1
+STACKS_POLL_S = 0.02  # how often collect_stacks looks for the stacks it asked for
 
 
 def atomic_write(file: Path, data: str | bytes) -> None:
@@ -232,7 +235,7 @@ def collect_stacks(attempt: Path, ranks: list[int], wait: float = 2.0) -> dict[i
         stacks = read_stacks(attempt)
         if all(stacks.get(rank) for rank in ranks):
             break
-        time.sleep(0.02)
+        time.sleep(STACKS_POLL_S)
     return {rank: text for rank, text in read_stacks(attempt).items() if rank in ranks}
 
 

@@ -30,6 +30,8 @@ from xlaunch.worker.launch_dir import LaunchDir, collect_stacks, noted, worker_p
 
 # After a replica fails, its peers get this long to end on their own before they are stopped:
 # replicas run the same program, and eight cores that hit one bug then show as one entry.
+# Not the stop grace (``stop_grace``, plan/options.py DEFAULT_STOP_GRACE, the same 3 s by
+# coincidence): that runs from a stop's SIGTERM to its SIGKILL; this ends before the stop begins.
 PEERS_GRACE_S = 3.0
 
 

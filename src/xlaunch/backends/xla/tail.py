@@ -18,7 +18,7 @@ import threading
 TAIL_BYTES = 32768
 TAIL_LINES = 30
 STACK_FRAMES = 8  # innermost frames kept from each crash dump in the tail
-POLL_MS = 50
+POLL_MS = 50  # how long the pump waits for output before it checks whether it should end
 _CLAIMED = re.compile(r"\[rank (\d+)\] ")
 
 
