@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+from xlaunch.plan.options import DEFAULT_MASTER_ADDR as LOOPBACK  # one machine meets here
+
 
 def choose_port(use_port: str | int, is_default: bool, master_addr: str, *, loopback: bool,
                 owner: bool) -> int:
@@ -18,7 +20,7 @@ def choose_port(use_port: str | int, is_default: bool, master_addr: str, *, loop
     if not owner:
         return port
     # With several nodes the engine's store listens on every interface of node 0.
-    host = "127.0.0.1" if loopback else ""
+    host = LOOPBACK if loopback else ""
     if port_free(host, port):
         return port
     if is_default and loopback:
@@ -33,13 +35,13 @@ def choose_port(use_port: str | int, is_default: bool, master_addr: str, *, loop
 def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         try:
-            probe.bind(("127.0.0.1" if host == "localhost" else host, port))
+            probe.bind((LOOPBACK if host == "localhost" else host, port))
         except OSError:
             return False
     return True
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])

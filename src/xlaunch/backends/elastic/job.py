@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from xlaunch.names import STORE_DIR_VAR
+from xlaunch.plan.options import DEFAULT_MASTER_ADDR
 from xlaunch.plan.specs import ElasticSpec
 from xlaunch.worker.rank import Worker, WorkerSetup, by_value
 
@@ -33,7 +34,7 @@ class World:
     local_world_size: int
     node_rank: int = 0
     num_nodes: int = 1
-    master_addr: str = "127.0.0.1"
+    master_addr: str = DEFAULT_MASTER_ADDR
     master_port: int = 0
     # One machine: the group meets through a file in the attempt's folder; several: through the
     # rendezvous's store (a TCPStore at master_addr:master_port), under this prefix.

@@ -60,7 +60,7 @@ def launch_variables(plan: LaunchPlan, spec: TorchTpuSpec) -> dict[str, str]:
     variables = _compat.tpu_launch_env(plan.num_processes, plan.num_nodes, preset)
     if HANDSHAKE_PORT_VAR not in os.environ:
         # Several hosts must agree on the coordinator's port: TorchTPU's default, unless set.
-        variables[HANDSHAKE_PORT_VAR] = (str(free_port("127.0.0.1")) if plan.num_nodes == 1
+        variables[HANDSHAKE_PORT_VAR] = (str(free_port()) if plan.num_nodes == 1
                                          else DEFAULT_HANDSHAKE_PORT)
     return variables
 
