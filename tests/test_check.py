@@ -87,12 +87,15 @@ def test_a_step_that_fails_in_the_workers_is_named_with_the_error(monkeypatch):
 
 
 @pytest.mark.parametrize("rows", [0, 1])
-def test_training_step_counts_torch_compile_graphs(rows, monkeypatch):
-    """One process, in place: the steady loop compiles in warm-up only; dynamo's counters say so."""
-    from xlaunch.cli.check_steps import run_checks
-
-    monkeypatch.setenv("XLAUNCH_ACCELERATOR", "cpu")
-    result = run_checks(CheckConfig(world_size=1, grow_batch=rows))
-    training = result["training"]
+def test_training_step_counts_torch_compile_graphs(rows):
+    """One process: the steady loop compiles in warm-up only; dynamo's counters say so. In a
+    fresh interpreter: a compiled backward here would start autograd's device threads in the test
+    process (torch's CUDA builds), and every later forked launch of the suite would be spawned."""
+    code = ("import json\nfrom xlaunch.cli.check_steps import CheckConfig, run_checks\n"
+            f"print(json.dumps(run_checks(CheckConfig(world_size=1, grow_batch={rows}))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    training = json.loads(done.stdout.strip().splitlines()[-1])["training"]
     assert training["compiler"] == "torch.compile" and training["warmup_compiles"] >= 1
     assert training["steady_compiles"] == 0  # dynamo marks the growing dimension dynamic

@@ -78,3 +78,36 @@ def test_lightning_told_a_worker_is_not_interactive():
         print(imports._IS_INTERACTIVE, accelerator_connector._IS_INTERACTIVE)
     """)
     assert out.split() == ["False", "False"]
+
+
+COMPILED_THEN_LAUNCHED = """
+    import torch, xlaunch
+    from xlaunch.detect.machine import Machine
+
+    model = torch.compile(torch.nn.Linear(4, 4))
+    model(torch.randn(2, 4)).sum().backward()  # a notebook that tried one compiled step first
+    print("autograd threads", Machine.here().autograd_threads)
+
+    def backward():
+        x = torch.ones(3, requires_grad=True)
+        (x * 2).sum().backward()
+        return float(x.grad.sum())
+
+    if __name__ == "__main__":
+        print("result", xlaunch.notebook_launcher(backward, num_processes=2))
+"""
+
+
+def test_a_launch_after_a_compiled_backward_runs_its_workers_backward(tmp_path):
+    """On torch's CUDA builds a compiled backward starts autograd's device threads, and a forked
+    worker's backward then fails in every rank; the launch spawns them instead, saying so. On the
+    CPU build no such thread starts, and the workers fork as ever."""
+    script = tmp_path / "compiled_first.py"
+    script.write_text(textwrap.dedent(COMPILED_THEN_LAUNCHED))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=600, env={**__import__("os").environ, "XLAUNCH_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "result 6.0" in done.stdout, done.stdout + done.stderr[-2000:]
+    threads = "autograd threads True" in done.stdout
+    assert ("spawned, not forked" in done.stderr) == threads, done.stderr[-2000:]
+    assert ("(gloo, spawn)" if threads else "(gloo, fork)") in done.stderr

@@ -191,3 +191,27 @@ def test_spmd_beyond_torch_xla_names_the_path_and_what_serves_there(tmp_path: Pa
     with pytest.raises(ValueError, match=r"TorchTPU: shard a large model there with FSDP2 / "
                                          r"DTensor over tpu_dist"):
         plan(torch_tpu, spmd=True)
+
+
+# --- a process that already ran autograd's device threads ---------------------------------------
+
+AFTER_AUTOGRAD = Machine(cores=2, memory_available=24 * 2**30, autograd_threads=True)
+
+
+def test_after_a_compiled_backward_the_workers_are_spawned_not_forked() -> None:
+    launch = make_plan(CPU, LaunchOptions(num_processes=2), machine=AFTER_AUTOGRAD)
+    assert launch.spec.start_method == "spawn"
+    assert any("spawned, not forked" in note and "first backward" in note for note in launch.notes)
+    assert make_plan(CPU, LaunchOptions(num_processes=2), machine=ROOMY).spec.start_method == "fork"
+
+
+def test_fork_asked_for_after_a_compiled_backward_is_refused_saying_what_to_do(tpu) -> None:
+    with pytest.raises(RuntimeError, match=r"start_method='fork': this process already ran "
+                                           r"autograd.*Leave start_method at its default"):
+        make_plan(CPU, LaunchOptions(num_processes=2, start_method="fork"), machine=AFTER_AUTOGRAD)
+    xla = make_plan(tpu, LaunchOptions(), machine=AFTER_AUTOGRAD)
+    assert xla.spec.start_method == "spawn"
+    with pytest.raises(RuntimeError, match=r"one replica forks its worker"):
+        make_plan(tpu, LaunchOptions(num_processes=1), machine=AFTER_AUTOGRAD)
+    with pytest.raises(RuntimeError, match=r"spmd=True forks its worker"):
+        make_plan(tpu, LaunchOptions(spmd=True), machine=AFTER_AUTOGRAD)

@@ -114,8 +114,12 @@ def cuda_versions() -> dict[str, str | None]:
             except Exception:  # a build without NCCL
                 nccl = None
         return {"cuda": cuda, "nccl": nccl}
-    return {"cuda": _torch_cuda_from_file(), "nccl": next(
-        (version for version in map(installed_version, NCCL_PACKAGES) if version), None)}
+    cuda = _torch_cuda_from_file()
+    # The NCCL wheel of torch's own CUDA major release first (a venv may hold another's too).
+    major = f"nvidia-nccl-cu{cuda.split('.')[0]}" if cuda else None
+    ordered = sorted(NCCL_PACKAGES, key=lambda name: name.replace("_", "-") != major)
+    return {"cuda": cuda, "nccl": next(
+        (version for version in map(installed_version, ordered) if version), None)}
 
 
 def _torch_cuda_from_file() -> str | None:

@@ -15,6 +15,10 @@ class Machine:
     cores: int
     memory_available: int | None  # bytes a new process could still take; None when unknown
     memory_total: int | None = None  # the machine's memory, or its container's limit
+    # This process already runs autograd's device threads (a torch.compile'd backward starts
+    # them on torch's CUDA builds): a child forked from it fails at its first backward
+    # ("Unable to handle autograd's threading in combination with fork-based multiprocessing").
+    autograd_threads: bool = False
 
     @classmethod
     def here(cls, root: str = "/") -> Machine:
@@ -22,7 +26,7 @@ class Machine:
             cores = len(os.sched_getaffinity(0))
         except AttributeError:
             cores = os.cpu_count() or 1
-        return cls(cores, *_memory(Path(root)))
+        return cls(cores, *_memory(Path(root)), autograd_threads=_autograd_threads(Path(root)))
 
     def check_cpu_processes(self, count: int) -> None:
         """Refuse, with the numbers, a count of CPU processes this machine cannot hold."""
@@ -37,6 +41,18 @@ class Machine:
                 f"num_processes={count} CPU processes need about {count * MEMORY_PER_PROCESS >> 20}"
                 f" MiB ({MEMORY_PER_PROCESS >> 20} MiB each) and this machine has "
                 f"{self.memory_available >> 20} MiB available; use at most {fits}")
+
+
+def _autograd_threads(root: Path) -> bool:
+    """Whether a thread of this process is one of autograd's device threads (``pt_autograd_N``,
+    the name torch gives them), read from /proc: torch is neither imported nor asked."""
+    for comm in (root / "proc" / "self" / "task").glob("*/comm"):
+        try:
+            if comm.read_text().startswith("pt_autograd_"):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _memory(root: Path) -> tuple[int | None, int | None]:

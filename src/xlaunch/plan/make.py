@@ -54,9 +54,9 @@ def make_plan(env: Environment, options: LaunchOptions | None = None,
     if not options.cpu_only and env.accelerator == "tpu" and env.tpu_runtime == "torch_tpu":
         plan = torch_tpu_plan(env, options)
     elif not options.cpu_only and env.xla_device is not None:
-        plan = _xla_plan(env, options)
+        plan = _xla_plan(env, options, machine)
     elif env.accelerator == "cuda" and not options.cpu_only:
-        plan = _cuda_plan(env, options)
+        plan = _cuda_plan(env, options, machine)
     else:
         plan = _cpu_plan(options, machine)
     plan = replace(plan, memory_total=machine.memory_total)
@@ -80,7 +80,7 @@ def common(options: LaunchOptions) -> dict[str, Any]:
                 report=options.report, stop_grace=float(options.stop_grace))
 
 
-def _xla_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
+def _xla_plan(env: Environment, options: LaunchOptions, machine: Machine) -> LaunchPlan:
     if env.accelerator == "tpu":
         refuse_fp16_on_tpu(options)
     if options.num_nodes > 1:
@@ -91,19 +91,51 @@ def _xla_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
         raise RuntimeError(TPU_NODE)
     if env.tpu_holders:
         raise RuntimeError(held(env))
+    if options.spmd or tpu_layout(env, options.num_processes).nprocs == 1:
+        refuse_forked_after_autograd(machine, "spmd=True" if options.spmd else "one replica")
     if options.spmd:
         return _spmd_plan(env, options)
     layout = tpu_layout(env, options.num_processes)
+    method, fork_notes = start_method(options, machine, "fork")
     template = options.log_line_prefix_template
     spec = XlaSpec(
         threads_per_process=layout.threads_per_process, nprocs=layout.nprocs,
         pjrt_device=PJRT_DEVICES.get(env.accelerator, "CPU"),
-        start_method=cast(StartMethod, options.start_method or "fork"), worker_env=layout.env,
+        start_method=method, worker_env=layout.env,
         unset_env=layout.unset_env,
         line_prefix=template if template is not None else XlaSpec.line_prefix,
         max_restarts=options.max_restarts, compile_cache=compile_cache(env, options.compile_cache))
     return LaunchPlan(env.accelerator, layout.processes, layout.replicas, spec,
-                      notes=layout.notes, **common(options))
+                      notes=layout.notes + fork_notes, **common(options))
+
+
+FORKED_AFTER_AUTOGRAD = (
+    "this process already ran autograd on its device threads (a torch.compile'd backward starts "
+    "them on torch's CUDA builds), and a worker forked from it fails at its first backward "
+    "(\"Unable to handle autograd's threading in combination with fork-based "
+    "multiprocessing\")")
+
+
+def start_method(options: LaunchOptions, machine: Machine,
+                 default: StartMethod) -> tuple[StartMethod, tuple[str, ...]]:
+    """The workers' start method; spawn instead of a default fork that could not run backward."""
+    method = cast(StartMethod, options.start_method or default)
+    if method != "fork" or not machine.autograd_threads:
+        return method, ()
+    if options.start_method == "fork":
+        raise RuntimeError(f"start_method='fork': {FORKED_AFTER_AUTOGRAD}. Leave start_method at "
+                           "its default (the workers are then spawned), or restart the kernel and "
+                           "launch before the compiled step.")
+    return "spawn", (f"the workers are spawned, not forked: {FORKED_AFTER_AUTOGRAD}; their "
+                     "function travels by value. Restart the kernel to fork them again",)
+
+
+def refuse_forked_after_autograd(machine: Machine, what: str) -> None:
+    """A launch whose one worker must be forked (SPMD, one replica) cannot start another way."""
+    if machine.autograd_threads:
+        raise RuntimeError(f"{what} forks its worker, and {FORKED_AFTER_AUTOGRAD}. Restart the "
+                           "kernel and launch before any torch.compile'd backward in it (do that "
+                           "work inside the launched function).")
 
 
 TPU_NODE = (
@@ -178,7 +210,7 @@ def held(env: Environment) -> str:
                    "to) and launch again.")
 
 
-def _cuda_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
+def _cuda_plan(env: Environment, options: LaunchOptions, machine: Machine) -> LaunchPlan:
     if env.device_count == 0:
         raise ValueError("a GPU launch was asked for (XLAUNCH_ACCELERATOR=cuda) but no GPU is "
                          "visible (check the driver and CUDA_VISIBLE_DEVICES)")
@@ -187,7 +219,7 @@ def _cuda_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
         raise ValueError(
             f"num_processes={count} asks for more processes than this machine has GPUs "
             f"({env.device_count}); use at most {env.device_count}")
-    return _torch_plan("cuda", count, "nccl", options, cpu_threads=0)
+    return _torch_plan("cuda", count, "nccl", options, cpu_threads=0, machine=machine)
 
 
 def _cpu_plan(options: LaunchOptions, machine: Machine) -> LaunchPlan:
@@ -202,21 +234,20 @@ def _cpu_plan(options: LaunchOptions, machine: Machine) -> LaunchPlan:
     # Each process would start a thread per core and they would fight over the cores (the demo
     # trained 2.5x slower on 2 cores); torchrun sets OMP_NUM_THREADS for the same reason.
     threads = 0 if "OMP_NUM_THREADS" in os.environ or count == 1 else max(1, machine.cores // count)
-    plan = _torch_plan("cpu", count, "gloo", options, cpu_threads=threads)
+    plan = _torch_plan("cpu", count, "gloo", options, cpu_threads=threads, machine=machine)
     return replace(plan, notes=notes + plan.notes)
 
 
 def _torch_plan(accelerator: Accelerator, count: int, dist_backend: DistBackend,
-                options: LaunchOptions, cpu_threads: int) -> LaunchPlan:
+                options: LaunchOptions, cpu_threads: int, machine: Machine) -> LaunchPlan:
     world = count * options.num_nodes
     if count == 1 and options.num_nodes == 1:
         return LaunchPlan(accelerator, 1, 1, InlineSpec(), **common(options))
-    spec = ElasticSpec(
-        dist_backend=dist_backend,
-        start_method=cast(StartMethod, options.start_method) or default_start_method(),
-        cpu_threads=cpu_threads, **engine_fields(options))
+    method, fork_notes = start_method(options, machine, default_start_method())
+    spec = ElasticSpec(dist_backend=dist_backend, start_method=method, cpu_threads=cpu_threads,
+                       **engine_fields(options))
     return LaunchPlan(accelerator, count, world, spec, num_nodes=options.num_nodes,
-                      notes=interface_notes(spec), **common(options))
+                      notes=fork_notes + interface_notes(spec), **common(options))
 
 
 def interface_notes(spec: ElasticSpec) -> tuple[str, ...]:
