@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite, in tiers: lint and types, core tests (torch CPU), notebooks in a real
+# The whole test suite, in tiers: lint and types, core tests (torch CPU; then torch 2.8, the floor,
+# and 2.15, the newest: XLAUNCH_SKIP_TORCH_RELEASES=1 skips those two), notebooks in a real
 # Jupyter kernel, the docs build, the package as built and installed, the torch_xla tiers (2.9,
 # and 2.8 as Kaggle's TPU image pins it) and the TorchTPU tier, each in its own venv.
 set -euo pipefail
@@ -19,6 +20,23 @@ run_tier "lint (ruff)" "$BIN/ruff" check src tests bench
 run_tier "types (mypy)" "$BIN/mypy"
 run_tier "core tests (torch $("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))'))" \
   "$PY" -m pytest tests --ignore=tests/xla --ignore=tests/notebooks --ignore=tests/torch_tpu -q -p no:cacheprovider
+# The same core tests on the other torch releases a user may have: the floor pyproject declares
+# (2.8.0) and the newest on the registry (2.15.0). The registry has only CUDA builds of them (about
+# 6 GB a venv, built once); they run on the CPU here. This machine's pip config caps torch at
+# 2.14.1: a release above it brings its own constraints file, which PIP_CONSTRAINT puts in place of
+# the config's (only while its venv is built).
+torch_release_tier() {  # torch_release_tier NAME REQUIREMENTS WHAT [CONSTRAINTS]
+  local rpy version
+  rpy=$(if [ -n "${4:-}" ]; then export PIP_CONSTRAINT="$PWD/$4"; fi; checkout_venv "$1" "$2")
+  version=$("$rpy" -c 'import importlib.metadata as m; print(m.version("torch"))')
+  run_tier "core tests (torch $version, $3)" \
+    "$rpy" -m pytest tests --ignore=tests/xla --ignore=tests/notebooks --ignore=tests/torch_tpu -q -p no:cacheprovider
+}
+if [ "${XLAUNCH_SKIP_TORCH_RELEASES:-0}" != 1 ]; then
+  torch_release_tier core-torch28 requirements/core-torch28.txt "the floor"
+  torch_release_tier core-torch215 requirements/core-torch215.txt "the newest" \
+    requirements/constraints-torch215.txt
+fi
 if [ -d tests/notebooks ]; then
   run_tier "notebook tests (real Jupyter kernel)" "$PY" -m pytest tests/notebooks -q -p no:cacheprovider
 fi

@@ -238,14 +238,14 @@ def by_value(value: Any) -> bytes:
 
 def die_with_parent() -> None:
     """Linux: end this process if the thread that started it ends (even by SIGKILL)."""
-    libc = _libc()
-    if libc is not None:
+    c_library = libc()
+    if c_library is not None:
         pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+        c_library.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 @functools.lru_cache(maxsize=1)
-def _libc() -> Any:
+def libc() -> Any:
     """The C library, loaded once (in the caller: forked workers find it loaded)."""
     if not sys.platform.startswith("linux"):
         return None
@@ -257,4 +257,4 @@ def _libc() -> Any:
         return None
 
 
-_libc()  # loaded here, once: every forked worker then has it at hand
+libc()  # loaded here, once: every forked worker then has it at hand
