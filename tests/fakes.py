@@ -97,3 +97,24 @@ def _vfio_group(root: Path, group: int, device: Path) -> None:
     groups = root / "sys" / "kernel" / "iommu_groups"
     (groups / str(group)).mkdir(parents=True, exist_ok=True)
     (device / "iommu_group").symlink_to(groups / str(group))
+
+
+def torch_release() -> tuple[int, int]:
+    """The installed torch's (major, minor): the install lines xlaunch gives depend on it."""
+    import importlib.metadata
+
+    major, minor = importlib.metadata.version("torch").split(".")[:2]
+    return int(major), int(minor)
+
+
+def xla_pin() -> str:
+    """The torch_xla release an install line pins for the installed torch: its own where one
+    exists (2.9 is torch_xla's newest), else 2.9.0 with its torch."""
+    major, minor = torch_release()
+    return f"{major}.{minor}.0" if (major, minor) <= (2, 9) else "2.9.0"
+
+
+def torch_tpu_line() -> str:
+    """How xlaunch says to install TorchTPU beside the installed torch (it needs 2.11-2.15)."""
+    return "pip install torch-tpu" if (2, 11) <= torch_release() <= (2, 15) else \
+        'pip install "torch>=2.11,<2.16" torch-tpu'

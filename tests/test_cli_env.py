@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes import KAGGLE, fake_machine
+from tests.fakes import KAGGLE, fake_machine, xla_pin
 from xlaunch.cli.env import VARIABLES, env_report, format_report
 from xlaunch.detect.environment import detect
 from xlaunch.detect.machine import PROCESSES_PER_CORE, Machine
@@ -234,13 +234,13 @@ def test_a_missing_torch_xla_is_named_with_the_line_that_installs_it(
         xlaunch: list[str], tmp_path: Path) -> None:
     env = environ(XLAUNCH_ACCELERATOR="xla", PJRT_DEVICE="CPU")
     report = json.loads(run(xlaunch, "env", "--json", env=env).stdout)
-    assert report["missing"] and 'torch_xla[tpu]==2.9.0"' in report["missing"][0]
+    assert report["missing"] and f'torch_xla[tpu]=={xla_pin()}"' in report["missing"][0]
     assert "missing" in run(xlaunch, "env", env=env).stdout
     script = tmp_path / "train.py"
     script.write_text("open('ran', 'w').close()\n")
     result = run(xlaunch, "run", str(script), env=env)
     assert result.returncode == 1 and "No module named 'torch_xla'" in result.stderr
-    assert "pip install torch==2.9.0" in result.stderr and not (tmp_path / "ran").exists()
+    assert f'torch_xla[tpu]=={xla_pin()}"' in result.stderr and not (tmp_path / "ran").exists()
 
 
 def test_env_shows_the_launch_the_options_ask_for(xlaunch: list[str]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes import fake_machine
+from tests.fakes import fake_machine, torch_tpu_line
 from xlaunch.cli.env import env_report, format_report
 from xlaunch.detect.environment import Environment, detect
 from xlaunch.detect.machine import Machine
@@ -112,8 +112,8 @@ def test_env_shows_the_torch_tpu_plan(tmp_path: Path) -> None:
     root = fake_machine(tmp_path, tpu_chips=4, tpu_device="0x006f", dev="vfio")
     report = env_report(ON_TORCH_TPU, root=root)
     assert report["plan"]["path"] == "torch_tpu" and report["plan"]["spec"]["topology"] == "2,2,1"
-    assert report["missing"] == ["torch-tpu is not installed, and the TorchTPU path needs it: "
-                                 "pip install torch-tpu"]
+    assert report["missing"][0].startswith("torch-tpu is not installed, and the TorchTPU path "
+                                           f"needs it: {torch_tpu_line()}")
     text = format_report(report)
     assert "torch_tpu (TorchTPU: torch.multiprocessing" in text
     assert "tpu_runtime             torch_tpu (not installed)" in text

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes import KAGGLE, fake_machine
+from tests.fakes import KAGGLE, fake_machine, torch_release, torch_tpu_line, xla_pin
 from xlaunch.detect import detect
 from xlaunch.detect.runtime import install_line, installed_runtime, runtime_override
 
@@ -101,11 +101,12 @@ def test_a_pod_slice_is_read_from_gce_variables(tmp_path: Path) -> None:
 def test_env_names_the_install_line_when_no_runtime_fits(tmp_path: Path) -> None:
     from xlaunch.cli.env import env_report, format_report
 
-    # This tier's venv: torch 2.13.0, neither torch_xla nor torch-tpu.
+    # This tier's venv: neither torch_xla nor torch-tpu; which line fits depends on its torch.
     v5e = env_report(KAGGLE, root=fake_machine(tmp_path, tpu_chips=8, tpu_device="0x0063", dev="vfio"))
     assert v5e["environment"]["tpu_runtime"] is None
-    assert v5e["missing"] and v5e["missing"][0].endswith(": pip install torch-tpu")
+    fits = torch_tpu_line() if (2, 11) <= torch_release() <= (2, 15) else f"=={xla_pin()}"
+    assert v5e["missing"] and fits in v5e["missing"][0], v5e["missing"]
     assert "tpu_runtime             none that fits" in format_report(v5e)
     v3 = env_report(KAGGLE, root=fake_machine(tmp_path, tpu_chips=4, tpu_device="0x0027",
                                               dev="accel", name="v3"))
-    assert 'pip install torch==2.9.0 "torch_xla[tpu]==2.9.0"' in v3["missing"][0]
+    assert f'"torch_xla[tpu]=={xla_pin()}"' in v3["missing"][0]

@@ -46,6 +46,7 @@ from xlaunch.worker.process_tree import TreeTicket
 GUARD = ("/bin/sh", "-c", "trap '' TERM; read _unused; kill -KILL 0")
 END_WAIT_S = 5.0  # after the end's SIGKILL: how long killed members may take to be reaped
 POLL_S = 0.01  # the step of the waits nothing can notify (an engine's processes, the tree)
+JOIN_S = 1.0  # a process whose sentinel says it ended has its status this soon
 
 
 class LaunchStopped(Exception):
@@ -135,10 +136,13 @@ class ProcessSet:
         status exists: each ended one is joined (a wait of that moment) so its status is known.
         """
         ready = set(multiprocessing.connection.wait([p.sentinel for p in processes], timeout))
-        ended = [p for p in processes if p.sentinel in ready]
-        with self._lock:
-            for process in ended:
-                process.join()
+        ended = []
+        for process in (p for p in processes if p.sentinel in ready):
+            # Bounded, and not under the lock: a sentinel a process closed without ending (its
+            # own code closing descriptors) must not hold a stop up.
+            process.join(JOIN_S)
+            if self.exitcode(process) is not None:
+                ended.append(process)
         return ended
 
     def stopped(self) -> bool:
