@@ -174,6 +174,25 @@ def test_spmd_is_one_process_driving_every_device(tpu: Environment) -> None:
     assert plan(XLA_CPU, spmd=True, num_processes=1).spec.spmd_devices == 4
 
 
+def test_spmd_on_a_pod_slice_is_one_process_on_each_host(tmp_path: Path) -> None:
+    # A v5p slice of two hosts (GCE names both): the same launch runs on every host, one SPMD
+    # process each, as torch_xla documents multi-host SPMD; torch_xla forms the world.
+    pod = {"TPU_WORKER_HOSTNAMES": "t1v-0,t1v-1", "TPU_WORKER_ID": "0",
+           "XLAUNCH_TPU_RUNTIME": "torch_xla"}
+    env = detect(pod, root=fake_machine(tmp_path, tpu_chips=4, tpu_device="0x0062", dev="vfio"))
+    launch = plan(env, spmd=True)
+    assert isinstance(launch.spec, XlaSpec) and launch.spec.spmd_devices == env.device_count
+    assert (launch.num_nodes, launch.num_processes, launch.spec.nprocs) == (2, 1, 1)
+    assert launch.summary() == "1 process driving 4 TPU devices (SPMD) on each of 2 hosts"
+    assert launch.notes == ("a pod slice of 2 hosts: run the same launch on every host (one SPMD "
+                            "process each; torch_xla forms the world)",)
+    # A single host has no such note.
+    single = detect({**pod, "TPU_WORKER_HOSTNAMES": "t1v-0"},
+                    root=fake_machine(tmp_path, tpu_chips=4, tpu_device="0x0062", dev="vfio",
+                                      name="single"))
+    assert plan(single, spmd=True).notes == ()
+
+
 def test_spmd_refuses_a_count_of_processes() -> None:
     with pytest.raises(ValueError, match=r"num_processes=4 with spmd=True: SPMD is one process "
                                          r"per host"):

@@ -125,6 +125,29 @@ def test_fsdp_v2_trains_on_the_launchs_mesh() -> None:
     assert len(seen) == 4 and seen[-1] < seen[0], seen
 
 
+def trains_after_a_failed_first_attempt(folder: str) -> int:
+    """The first attempt fails; the second trains 5 steps on the launch's mesh."""
+    state = xlaunch.ProcessState()
+    Path(folder, f"attempt-{state.restart_count}").write_text(str(os.getpid()))
+    if state.restart_count == 0:
+        raise RuntimeError("the first attempt fails")
+    import torch_xla.distributed.spmd as xs
+
+    xs.set_global_mesh(state.mesh())  # what FSDPv2 reads; the report names it
+    losses(spmd=True)
+    return state.restart_count
+
+
+def test_max_restarts_reruns_the_spmd_process_and_the_report_has_its_mesh(tmp_path: Path) -> None:
+    assert xlaunch.notebook_launcher(trains_after_a_failed_first_attempt, (str(tmp_path),),
+                                     spmd=True, max_restarts=1) == 1
+    pids = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    assert sorted(pids) == ["attempt-0", "attempt-1"] and len(set(pids.values())) == 2
+    (rank,) = xlaunch.last_report().ranks
+    assert (rank.devices, rank.mesh) == (DEVICES, "(4,) ('data',)")
+    assert rank.compiles and rank.executions and rank.steps == 5
+
+
 def raises() -> None:
     def deeper() -> None:
         raise ValueError("bad shard 3")

@@ -162,7 +162,8 @@ def _spmd_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
     hosts = len(env.tpu_hosts) if env.tpu_hosts else 1
     notes = (f"a pod slice of {hosts} hosts: run the same launch on every host (one SPMD process "
              "each; torch_xla forms the world)",) if hosts > 1 else ()
-    return LaunchPlan(env.accelerator, 1, hosts, spec, notes=notes, **common(options))
+    return LaunchPlan(env.accelerator, 1, hosts, spec, num_nodes=hosts, notes=notes,
+                      **common(options))
 
 
 def refuse_spmd_beyond_xla(env: Environment, options: LaunchOptions) -> None:

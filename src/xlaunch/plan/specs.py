@@ -158,8 +158,9 @@ class LaunchPlan:
         if isinstance(spec, XlaSpec) and spec.spmd_devices:
             kind = "TPU" if self.accelerator == "tpu" else f"XLA {spec.pjrt_device}"
             devices = spec.spmd_devices
+            hosts = f" on each of {self.num_nodes} hosts" if self.num_nodes > 1 else ""
             return (f"1 process driving {devices} {kind} device{'s' if devices > 1 else ''} "
-                    "(SPMD)")
+                    f"(SPMD){hosts}")
         if isinstance(spec, XlaSpec) and self.accelerator != "tpu":
             # XLA's CPU or GPU devices: replicas are devices, several may share one process
             device = f"XLA {spec.pjrt_device} device"
