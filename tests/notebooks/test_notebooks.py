@@ -121,6 +121,30 @@ def execute(path: Path, kernel_env: dict[str, str], cwd: Path) -> tuple[nbformat
     return nb, alive_after_cells
 
 
+def run_until_an_error(nb: nbformat.NotebookNode, env: dict[str, str], cwd: Path) -> int | None:
+    """Run all, as a user would: the cells in order until one raises. Returns that cell's index
+    (None if none raised), after checking that no process of the kernel's outlived it."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=CELL_TIMEOUT,
+                            startup_timeout=STARTUP_TIMEOUT)
+    stopped_at = None
+    seen: list[psutil.Process] = []
+    with client.setup_kernel(env=env, cwd=str(cwd)):
+        kernel_pid = client.km.provisioner.process.pid
+        for index, cell in enumerate(nb.cells):
+            try:
+                client.execute_cell(cell, index)
+            except CellExecutionError:
+                stopped_at = index
+                break
+            finally:
+                seen.extend(descendants(kernel_pid))
+    assert not kill_all(seen), "processes outlived the kernel"
+    return stopped_at
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_end_to_end(path: Path, kernel_env: dict[str, str], tmp_path: Path):
@@ -162,28 +186,11 @@ def test_notebook_runs_end_to_end(path: Path, kernel_env: dict[str, str], tmp_pa
 def test_tpu_notebook_stops_on_a_runtime_without_a_tpu(name: str, kernel_env: dict[str, str],
                                                         tmp_path: Path):
     """Run all, as a user would on a CPU runtime: the runtime cell stops it, naming the menu."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
-
     env = dict(kernel_env)
     for variable in ("XLAUNCH_ACCELERATOR", "XLAUNCH_NOTEBOOK_ALLOW_NO_TPU"):
         env.pop(variable, None)  # a plain runtime: whatever this machine has, and it has no TPU
     nb = nbformat.read(COLAB / name, as_version=4)
-    client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=CELL_TIMEOUT,
-                            startup_timeout=STARTUP_TIMEOUT)
-    stopped_at = None
-    seen: list[psutil.Process] = []
-    with client.setup_kernel(env=env, cwd=str(tmp_path)):
-        kernel_pid = client.km.provisioner.process.pid
-        for index, cell in enumerate(nb.cells):
-            try:
-                client.execute_cell(cell, index)
-            except CellExecutionError:
-                stopped_at = index
-                break
-            finally:
-                seen.extend(descendants(kernel_pid))
-    assert not kill_all(seen), "processes outlived the kernel"
+    stopped_at = run_until_an_error(nb, env, tmp_path)
     assert stopped_at is not None and nb.cells[stopped_at] is tagged(nb, "runtime"), stopped_at
     (error,) = [o for o in nb.cells[stopped_at].outputs if o.output_type == "error"]
     assert error.ename == "RuntimeError"
@@ -245,23 +252,11 @@ def test_run_all_without_the_wheel_stops_at_the_install_cell_saying_where_to_upl
         tmp_path: Path):
     """Run all before uploading the wheel: the install cell stops it in one sentence, pip never
     runs (no "not a valid wheel filename"), and no later cell runs (no `xlaunch: command not found`)."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
-
     uploads = tmp_path / "uploads"
     (uploads / "some-other-dataset").mkdir(parents=True)  # what else a user has there
     (uploads / "some-other-dataset" / "train.csv").write_text("x\n")
     nb = nbformat.read(COLAB / name, as_version=4)
-    client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=CELL_TIMEOUT,
-                            startup_timeout=STARTUP_TIMEOUT)
-    stopped_at = None
-    with client.setup_kernel(env=user_kernel_env(kernel_env, uploads, platform), cwd=str(tmp_path)):
-        for index, cell in enumerate(nb.cells):
-            try:
-                client.execute_cell(cell, index)
-            except CellExecutionError:
-                stopped_at = index
-                break
+    stopped_at = run_until_an_error(nb, user_kernel_env(kernel_env, uploads, platform), tmp_path)
     install = tagged(nb, "install")
     assert stopped_at is not None and nb.cells[stopped_at] is install, stopped_at
     (error,) = [o for o in install.outputs if o.output_type == "error"]
