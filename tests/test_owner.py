@@ -197,3 +197,46 @@ def test_a_returned_tensor_comes_back_whole():
     assert value.shape == (1000, 1000) and float(value.sum()) == 1_000_000.0
     value.add_(1)  # it is the caller's to change
     assert float(value[0, 0]) == 2.0
+
+
+def many_threads_deep_in_calls(stack_file: str, ready_file: str) -> None:
+    """60 threads and the main one, each 40 calls deep, wait forever: a dump of many writes."""
+    import faulthandler
+
+    from xlaunch.worker.launch_dir import STACK_SIGNAL
+
+    stack = open(stack_file, "w")
+    faulthandler.register(STACK_SIGNAL, file=stack, all_threads=True, chain=False)
+    forever = threading.Event()
+
+    def deep(depth: int) -> None:
+        if depth:
+            deep(depth - 1)
+        else:
+            forever.wait()
+
+    for _ in range(60):
+        threading.Thread(target=deep, args=(40,), daemon=True).start()
+    Path(ready_file).write_text("ready")
+    deep(40)
+
+
+def test_the_owner_returns_from_asking_for_stacks_once_each_dump_is_whole(tmp_path: Path):
+    from xlaunch.backends.processes import ProcessSet
+
+    owner = ProcessSet(grace=1.0)
+    stack, ready = tmp_path / "stack", tmp_path / "ready"
+    try:
+        worker = owner.start("fork", many_threads_deep_in_calls, (str(stack), str(ready)), "deep")
+        while not ready.exists():
+            assert worker.is_alive(), "the process ended before it was ready"
+            time.sleep(0.01)
+        assert owner.ask_stacks([worker.pid]) == [worker.pid]
+        read_at_once = stack.read_text()
+        owner.stop("the test is done")
+    finally:
+        owner.close()
+    # The file as it stands once the process is gone: the whole dump, which the owner waited for.
+    assert read_at_once == stack.read_text()
+    assert read_at_once.count("Thread 0x") + read_at_once.count("Current thread 0x") == 61
+    assert read_at_once.count("in deep") >= 61 * 40

@@ -47,6 +47,7 @@ GUARD = ("/bin/sh", "-c", "trap '' TERM; read _unused; kill -KILL 0")
 END_WAIT_S = 5.0  # after the end's SIGKILL: how long killed members may take to be reaped
 POLL_S = 0.01  # the step of the waits nothing can notify (an engine's processes, the tree)
 JOIN_S = 1.0  # a process whose sentinel says it ended has its status this soon
+STACKS_WAIT_S = 2.0  # at a timeout: the longest the asked workers' stacks are waited for
 
 
 class LaunchStopped(Exception):
@@ -150,14 +151,31 @@ class ProcessSet:
 
     # --- stop --------------------------------------------------------------------------------
 
-    def ask_stacks(self, pids: Iterable[int]) -> list[int]:
-        """Ask each live worker for its Python stack (faulthandler writes it to its file)."""
+    def ask_stacks(self, pids: Iterable[int], wait: float = STACKS_WAIT_S) -> list[int]:
+        """Ask each live worker for its Python stack (faulthandler writes it to its file), and
+        return once each asked one has written all of it, or has ended, or ``wait`` has passed.
+
+        faulthandler writes a dump in many small writes, so a file with text in it may be half a
+        dump. When the dump is done is a fact the kernel keeps: the signal is pending until a
+        thread takes it, and blocked in that thread while the handler runs (faulthandler's
+        handler does not chain, so it does not unblock itself). Where /proc does not say (macOS),
+        the reader settles for a file with text in it.
+        """
         asked = []
+        before: dict[int, frozenset[int]] = {}
         for pid in pids:
             if self._member(pid):
+                before[pid] = _threads_blocking(pid, STACK_SIGNAL)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, STACK_SIGNAL)
                     asked.append(pid)
+        deadline = time.monotonic() + wait
+        waiting = set(asked)
+        while waiting and time.monotonic() < deadline:
+            waiting = {pid for pid in waiting
+                       if _handling(pid, STACK_SIGNAL, before[pid]) and not _zombie(pid)}
+            if waiting:
+                time.sleep(POLL_S)
         return asked
 
     def stop(self, why: str) -> None:
@@ -270,3 +288,42 @@ def _zombie(pid: int) -> bool:
             return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"
     except (OSError, IndexError):
         return False
+
+
+def _signal_masks(pid: int) -> dict[str, tuple[int, int, int]] | None:
+    """thread id -> (its pending, the process's pending, its blocked) signal masks, as Linux's
+    /proc gives them; {} for a process that has ended, None where /proc does not exist."""
+    if not os.path.isdir("/proc/self/task"):
+        return None
+    masks = {}
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+            masks[thread] = (int(fields["SigPnd"], 16), int(fields["ShdPnd"], 16),
+                             int(fields["SigBlk"], 16))
+        except (OSError, KeyError, ValueError):
+            continue  # a thread that ended meanwhile
+    return masks
+
+
+def _threads_blocking(pid: int, number: int) -> frozenset[int]:
+    """The threads of ``pid`` that block signal ``number`` of their own accord (before it is
+    sent): their blocked mask says nothing about a handler running."""
+    bit = 1 << (number - 1)
+    return frozenset(int(thread) for thread, (_, _, blocked) in (_signal_masks(pid) or {}).items()
+                     if blocked & bit)
+
+
+def _handling(pid: int, number: int, blocking_before: frozenset[int]) -> bool:
+    """Whether signal ``number``, sent to ``pid``, is still pending or its handler still runs.
+    False where /proc cannot say."""
+    bit = 1 << (number - 1)
+    for thread, (pending, shared, blocked) in (_signal_masks(pid) or {}).items():
+        if (pending | shared) & bit or (blocked & bit and int(thread) not in blocking_before):
+            return True
+    return False

@@ -229,7 +229,9 @@ def read_stacks(attempt: Path) -> dict[int, str]:
 
 
 def collect_stacks(attempt: Path, ranks: list[int], wait: float = 2.0) -> dict[int, str]:
-    """The stacks the ``ranks`` asked (by the launch's owner) write, as they arrive."""
+    """The stacks the ``ranks`` asked (by the launch's owner) wrote. The owner returns once the
+    kernel says each dump is whole (`ProcessSet.ask_stacks`); where it cannot say, a file with
+    text in it is waited for here, up to ``wait``."""
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         stacks = read_stacks(attempt)

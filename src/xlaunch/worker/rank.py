@@ -58,7 +58,10 @@ class Worker:
         self.attempt = launch_dir.attempt_dir(attempt)
         self.rank = rank
         self.cancelled = launch_dir.cancel_marker.exists()
-        self._stack_file: IO[str] | None = None
+        # Before the pid is written: the owner asks for stacks only of a rank whose pid it has
+        # read, and STACK_SIGNAL would end a process that had no handler for it.
+        self._stack_file: IO[str] = open(self.attempt / f"stack-{rank}", "w")
+        faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         write_pid(self.attempt, rank, local_rank)
         if self.cancelled:
             note(self.attempt, "cancelled", rank)
@@ -66,8 +69,6 @@ class Worker:
         set_variables(setup.env, attempt)
         not_interactive()
         nested.refuse_launchers()
-        self._stack_file = open(self.attempt / f"stack-{rank}", "w")
-        faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         if setup.line_prefix is not None and (world_size > 1 or setup.prefix_single):
             prefix = string.Template(setup.line_prefix).safe_substitute(
                 rank=rank, local_rank=local_rank, role_name="default")
