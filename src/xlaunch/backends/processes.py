@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from xlaunch.worker.launch_dir import STACK_SIGNAL
+from xlaunch.worker.launch_dir import STACK_SIGNAL, STACKS_WAIT_S
 from xlaunch.worker.process_tree import TreeTicket
 
 # Reads until its stdin (a pipe from the caller) closes, then kills its own group, itself included.
@@ -47,7 +47,6 @@ GUARD = ("/bin/sh", "-c", "trap '' TERM; read _unused; kill -KILL 0")
 END_WAIT_S = 5.0  # after the end's SIGKILL: how long killed members may take to be reaped
 POLL_S = 0.01  # the step of the waits nothing can notify (an engine's processes, the tree)
 JOIN_S = 1.0  # a process whose sentinel says it ended has its status this soon
-STACKS_WAIT_S = 2.0  # at a timeout: the longest the asked workers' stacks are waited for
 
 
 class LaunchStopped(Exception):
@@ -290,11 +289,9 @@ def _zombie(pid: int) -> bool:
         return False
 
 
-def _signal_masks(pid: int) -> dict[str, tuple[int, int, int]] | None:
+def _signal_masks(pid: int) -> dict[str, tuple[int, int, int]]:
     """thread id -> (its pending, the process's pending, its blocked) signal masks, as Linux's
-    /proc gives them; {} for a process that has ended, None where /proc does not exist."""
-    if not os.path.isdir("/proc/self/task"):
-        return None
+    /proc gives them; none for a process that has ended, nor where there is no /proc (macOS)."""
     masks = {}
     try:
         threads = os.listdir(f"/proc/{pid}/task")
@@ -315,7 +312,7 @@ def _threads_blocking(pid: int, number: int) -> frozenset[int]:
     """The threads of ``pid`` that block signal ``number`` of their own accord (before it is
     sent): their blocked mask says nothing about a handler running."""
     bit = 1 << (number - 1)
-    return frozenset(int(thread) for thread, (_, _, blocked) in (_signal_masks(pid) or {}).items()
+    return frozenset(int(thread) for thread, (_, _, blocked) in _signal_masks(pid).items()
                      if blocked & bit)
 
 
@@ -323,7 +320,7 @@ def _handling(pid: int, number: int, blocking_before: frozenset[int]) -> bool:
     """Whether signal ``number``, sent to ``pid``, is still pending or its handler still runs.
     False where /proc cannot say."""
     bit = 1 << (number - 1)
-    for thread, (pending, shared, blocked) in (_signal_masks(pid) or {}).items():
+    for thread, (pending, shared, blocked) in _signal_masks(pid).items():
         if (pending | shared) & bit or (blocked & bit and int(thread) not in blocking_before):
             return True
     return False

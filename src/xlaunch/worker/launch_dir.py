@@ -31,6 +31,7 @@ SHARED_MEMORY = Path("/dev/shm")  # where a returned value's bytes may go (worke
 # faulthandler (worker/rank.py) writes every thread's stack into the launch folder.
 STACK_SIGNAL = signal.SIGUSR1
 STACKS_POLL_S = 0.02  # how often collect_stacks looks for the stacks it asked for
+STACKS_WAIT_S = 2.0  # at a timeout: the longest the asked workers' stacks are waited for
 
 
 def atomic_write(file: Path, data: str | bytes) -> None:
@@ -228,7 +229,7 @@ def read_stacks(attempt: Path) -> dict[int, str]:
     return stacks
 
 
-def collect_stacks(attempt: Path, ranks: list[int], wait: float = 2.0) -> dict[int, str]:
+def collect_stacks(attempt: Path, ranks: list[int], wait: float = STACKS_WAIT_S) -> dict[int, str]:
     """The stacks the ``ranks`` asked (by the launch's owner) wrote. The owner returns once the
     kernel says each dump is whole (`ProcessSet.ask_stacks`); where it cannot say, a file with
     text in it is waited for here, up to ``wait``."""
