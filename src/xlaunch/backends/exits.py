@@ -25,19 +25,26 @@ class AttemptFiles:
     places: Mapping[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (pid, local)
     records: Mapping[int, ProcessFailure] = field(default_factory=dict)
     stacks: Mapping[int, str] = field(default_factory=dict)
-    returned: frozenset[int] = frozenset()  # ranks whose function returned
+    returned: frozenset[int] = frozenset()  # ranks whose function returned (value sent)
+    sending: frozenset[int] = frozenset()  # ranks that began to send their value back
     cancelled: frozenset[int] = frozenset()  # ranks that found the launch stopped, ran nothing
     terminated: frozenset[int] = frozenset()  # pids that received SIGTERM
     processes: frozenset[int] = frozenset()  # pids of an engine's processes, as each began
     crashes: Mapping[int, tuple[int, str]] = field(default_factory=dict)  # pid -> signal, dump
+    # Ranks whose function had returned or raised when the launch's deadline passed (None: no
+    # deadline passed). What the others did while they were stopped changes nothing: they were
+    # still running at the deadline, and the verdict is the timeout.
+    settled_at_deadline: frozenset[int] | None = None
 
     @classmethod
-    def read(cls, folder: Path | None) -> AttemptFiles:
+    def read(cls, folder: Path | None,
+             settled_at_deadline: frozenset[int] | None = None) -> AttemptFiles:
         if folder is None or not folder.exists():
-            return cls()
+            return cls(settled_at_deadline=settled_at_deadline)
         return cls(worker_places(folder), read_failures(folder), read_stacks(folder),
-                   noted(folder, "returned"), noted(folder, "cancelled"),
-                   noted(folder, "terminated"), noted(folder, "process"), read_crashes(folder))
+                   noted(folder, "returned"), noted(folder, "sending"), noted(folder, "cancelled"),
+                   noted(folder, "terminated"), noted(folder, "process"), read_crashes(folder),
+                   settled_at_deadline)
 
 
 def dist_exits(ends: Sequence[ProcessEnd], files: AttemptFiles,
@@ -81,8 +88,14 @@ def rank_exit(rank: int, end: ProcessEnd, files: AttemptFiles, tail: str = "") -
     if crash is not None:  # its own dump says which signal ended it, whoever saw its status
         exitcode = exitcode if exitcode is not None else -crash[0]
         tail = f"{tail}\n{crash[1]}".strip()
+    settled = files.settled_at_deadline
+    running_at_deadline = settled is not None and rank not in settled
     return RankExit(rank=rank, pid=end.pid, exitcode=exitcode,
-                    record=files.records.get(rank), signals_sent=end.signals_sent,
+                    record=None if running_at_deadline else files.records.get(rank),
+                    signals_sent=end.signals_sent,
                     stack=files.stacks.get(rank, ""), stderr_tail=tail,
-                    returned=rank in files.returned, cancelled=rank in files.cancelled,
-                    terminated=end.pid in files.terminated)
+                    returned=rank in files.returned and not running_at_deadline,
+                    sending=rank in files.sending and rank not in files.returned,
+                    cancelled=rank in files.cancelled,
+                    terminated=end.pid in files.terminated,
+                    running_at_deadline=running_at_deadline)

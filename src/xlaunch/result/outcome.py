@@ -16,6 +16,10 @@ The root cause is decided from those facts alone, never from when a thread happe
   exit status is xlaunch's own, so ``os._exit(75)`` is the user's too;
 - a rank whose function returned but whose process was still alive when a timeout stopped it was
   held by its own threads (a non-daemon thread it started): that is why the launch did not end;
+- a rank whose function had neither returned nor raised when the timeout passed timed out,
+  whatever it did while it was being stopped (asking for its stack can cut a C call short);
+- a rank that died while it sent its value back failed (its value is not taken): the function
+  returns only once the value is whole;
 - when nothing failed on its own but peers lost a peer, the ranks whose function had returned
   are the cause: they left while the others still waited on them in a collective (the ranks
   called different collectives, ``if rank == 0: evaluate()``);
@@ -41,6 +45,7 @@ from xlaunch.result.errors import (
 )
 from xlaunch.result.report import LaunchReport, RankReport
 
+SENDING = "while sending its result back to the caller"  # a rank that died then
 # How gloo, NCCL and XLA report that a peer went away: the consequence of a failure, never its cause.
 PEER_LOSS = ("closed by peer", "reset by peer", "broken pipe", "remote process exited",
              "communicator was aborted", "connection refused", "connection closed",
@@ -59,6 +64,8 @@ class RankExit:
     stack: str = ""  # where it stood when it was stopped at the timeout
     stderr_tail: str = ""
     returned: bool = False  # the function returned in this rank (its process may linger after)
+    sending: bool = False  # it began to send its value back and had not finished
+    running_at_deadline: bool = False  # its function had neither returned nor raised at the timeout
     cancelled: bool = False  # it found the launch already stopped and ran nothing
     terminated: bool = False  # its own record: it received SIGTERM (the owner's, or its engine's)
 
@@ -81,6 +88,8 @@ class Outcome:
 
 def classify(rank_exit: RankExit, timed_out: bool) -> Cause | None:
     """Why this rank belongs in a failure report, or None when it finished (or was never hurt)."""
+    if timed_out and rank_exit.running_at_deadline:  # whatever it did while being stopped
+        return Cause.TIMED_OUT
     record = rank_exit.record
     if record is not None:
         return Cause.LOST_PEER if lost_a_peer(record) else Cause.RAISED
@@ -131,6 +140,8 @@ def _failure(rank_exit: RankExit, cause: Cause) -> ProcessFailure:
     message = base.message
     if cause == Cause.DIED and not base.exc_type:
         message = _died(rank_exit.exitcode)
+        if rank_exit.sending:
+            message = f"{SENDING}, it {message}"
     elif cause == Cause.HELD:
         message = ("threads it started (not daemon threads) keep its process alive. Make them "
                    "daemon threads, or stop and join them before the function returns; their "
@@ -217,6 +228,8 @@ def _summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:
 
 
 def _verb(failure: ProcessFailure) -> str:
+    if failure.cause == Cause.DIED and failure.message.startswith(SENDING):
+        return f"{failure.exit_cause} {SENDING}"
     if failure.cause == Cause.DIED:
         how = f" ({failure.exit_cause})" if failure.exitcode is not None else ""
         return f"ended without an exception{how}"

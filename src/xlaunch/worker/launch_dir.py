@@ -1,16 +1,22 @@
-"""The private directory each launch keeps its workers' reports in.
+"""The private place each launch keeps everything its workers send back.
 
 Workers report through files rather than pipes: a record written before a worker exits survives
 however that worker then dies, and a stack dumped by `faulthandler` lands there even when the
-worker is stuck inside a C++ collective. The directory is made 0700 by this user, so nothing
-another local user writes can be read back as a report; the caller reads it once the workers are
-done and removes it.
+worker is stuck inside a C++ collective. Each launch has two folders of the same random name, one
+in the temporary directory (records, failures, stacks, pids, marks) and one in shared memory
+(``/dev/shm``: the bytes of a returned value, `worker.value`). Both are created exclusively,
+0700 whatever the umask, and every file in them is created exclusively (never one that exists,
+never through a symlink), 0600: no other user can read, replace or redirect anything a worker
+sends back, at any moment. The caller reads them once the workers are done and removes both; a
+failure's whole text, when its record had to be cut, moves to the user's own cache folder
+(`keep_whole_text`, bounded).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -32,15 +38,42 @@ SHARED_MEMORY = Path("/dev/shm")  # where a returned value's bytes may go (worke
 STACK_SIGNAL = signal.SIGUSR1
 STACKS_POLL_S = 0.02  # how often collect_stacks looks for the stacks it asked for
 STACKS_WAIT_S = 2.0  # at a timeout: the longest the asked workers' stacks are waited for
+GROUP_STORE = "group-store"  # the FileStore a one-machine group meets through (made private first)
+
+
+# A file only this user can read, created here and now: never one that already exists, never
+# through a symlink. O_NOFOLLOW and O_CLOEXEC where the platform has them.
+_CREATE = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+           | getattr(os, "O_CLOEXEC", 0))
+
+
+def private_file(file: Path | str) -> int:
+    """A new file, 0600 whatever the umask, open for writing: its descriptor."""
+    fd = os.open(file, _CREATE, 0o600)
+    os.fchmod(fd, 0o600)  # a umask that took the owner's bits would lock the caller out
+    return fd
+
+
+def private_dir(folder: Path | str) -> None:
+    """A new folder, 0700 whatever the umask (FileExistsError when the name is taken)."""
+    os.mkdir(folder, 0o700)
+    os.chmod(folder, 0o700)
+
+
+def write_private(file: Path, data: str | bytes | memoryview) -> None:
+    """Write a new private file whole (`private_file`)."""
+    with os.fdopen(private_file(file), "wb") as opened:
+        opened.write(data.encode() if isinstance(data, str) else data)
 
 
 def atomic_write(file: Path, data: str | bytes) -> None:
     """Write ``file`` so a reader sees the whole content or nothing, never half of it."""
     partial = file.with_name(file.name + ".partial")
-    if isinstance(data, bytes):
-        partial.write_bytes(data)
-    else:
-        partial.write_text(data)
+    try:
+        write_private(partial, data)
+    except FileExistsError:  # left by a writer of ours that died mid-write: the folder is private
+        partial.unlink()
+        write_private(partial, data)
     partial.replace(file)
 
 
@@ -52,62 +85,90 @@ class LaunchDir:
 
     @classmethod
     def create(cls) -> LaunchDir:
-        """A fresh directory named after this process; leftovers of dead launchers are swept.
+        """Fresh folders named after this process and a random name, in the temporary directory
+        and in shared memory; leftovers of dead launchers are swept first.
 
-        A launcher killed outright (SIGKILL, a kernel restart) cannot remove its directory; the
-        next launch by the same user does, once the process that made it is gone.
+        Both are created exclusively: a name another user took first is given up for another.
+        Without a usable shared memory, values go to the folder on disk. A launcher killed
+        outright (SIGKILL, a kernel restart) cannot remove its folders; the next launch by the
+        same user does, once the process that made them is gone.
         """
-        sweep_stale(Path(tempfile.gettempdir()), SHARED_MEMORY)
-        return cls(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
+        temp = Path(tempfile.gettempdir())
+        sweep_stale(temp, SHARED_MEMORY)
+        for _ in range(_NAME_TRIES):
+            name = f"{PREFIX}{os.getpid()}-{os.urandom(6).hex()}"
+            try:
+                private_dir(temp / name)
+            except FileExistsError:
+                continue
+            try:
+                private_dir(SHARED_MEMORY / name)
+            except FileExistsError:
+                os.rmdir(temp / name)
+                continue
+            except OSError:  # no shared memory here (or not ours to write): values go to disk
+                pass
+            return cls(str(temp / name))
+        raise FileExistsError(errno.EEXIST, f"no free name for a launch folder in {temp} after "
+                              f"{_NAME_TRIES} tries")
+
+    @property
+    def shared(self) -> Path | None:
+        """The launch's folder in shared memory, when it exists and is this user's own, private
+        folder (a worker checks before it writes a value there)."""
+        folder = SHARED_MEMORY / Path(self.folder).name
+        try:
+            info = folder.lstat()
+        except OSError:
+            return None
+        if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+                or info.st_mode & 0o077):
+            return None
+        return folder
 
     def attempt_path(self, attempt: int) -> Path:
         return Path(self.folder) / f"attempt-{attempt}"
 
     def attempt_dir(self, attempt: int) -> Path:
         folder = self.attempt_path(attempt)
-        folder.mkdir(exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # made by the caller or a peer: the launch's
+            private_dir(folder)
         return folder
-
-    def attempts(self) -> list[Path]:
-        """Every attempt's folder, oldest first."""
-        found = Path(self.folder).glob("attempt-*")
-        return sorted(found, key=lambda p: int(p.name.split("-")[1]))
-
-    def latest_attempt(self) -> Path | None:
-        attempts = self.attempts()
-        return attempts[-1] if attempts else None
 
     @property
     def cancel_marker(self) -> Path:
         return Path(self.folder) / "cancelled"
 
     def cancel(self) -> None:
-        self.cancel_marker.touch()
+        with contextlib.suppress(FileExistsError):
+            os.close(private_file(self.cancel_marker))
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
-        for left in SHARED_MEMORY.glob(f"{Path(self.folder).name}-*"):  # a value's bytes
-            with contextlib.suppress(OSError):
-                left.unlink()
+        shared = self.shared
+        if shared is not None:  # the bytes of values nobody took (a failed launch's)
+            shutil.rmtree(shared, ignore_errors=True)
+
+
+_NAME_TRIES = 100
 
 
 def sweep_stale(temp: Path, shared: Path | None = None) -> None:
-    """Remove launch directories this user owns whose launcher process is gone, and the bytes
-    of values their workers left in shared memory."""
+    """Remove launch folders this user owns whose launcher process is gone, in the temporary
+    directory and in shared memory."""
     uid = os.getuid()
-    for folder, kind in ((temp, stat.S_ISDIR), (shared, stat.S_ISREG)):
+    for folder in (temp, shared):
         for stale in folder.glob(f"{PREFIX}*-*") if folder is not None else ():
             owner = stale.name[len(PREFIX):].split("-")[0]
             try:
                 info = stale.lstat()
             except OSError:
                 continue
-            if (info.st_uid != uid or not kind(info.st_mode) or not owner.isdigit()
-                    or _process_exists(int(owner))):
+            if info.st_uid != uid or not owner.isdigit() or _process_exists(int(owner)):
                 continue
-            if kind is stat.S_ISDIR:
+            if stat.S_ISDIR(info.st_mode):
                 shutil.rmtree(stale, ignore_errors=True)
-            else:
+            elif stat.S_ISREG(info.st_mode):  # a value's bytes, as releases before 0.2 left them
                 with contextlib.suppress(OSError):
                     stale.unlink()
 
@@ -124,7 +185,7 @@ def _process_exists(pid: int) -> bool:
 
 def write_pid(attempt: Path, rank: int, local_rank: int) -> None:
     # One small write; a reader that finds it half-written skips it (worker_places).
-    (attempt / f"pid-{rank}").write_text(f"{os.getpid()} {local_rank}")
+    write_private(attempt / f"pid-{rank}", f"{os.getpid()} {local_rank}")
 
 
 def worker_pids(attempt: Path) -> dict[int, int]:
@@ -145,14 +206,21 @@ def worker_places(attempt: Path) -> dict[int, tuple[int, int]]:
 
 
 def note(attempt: Path, what: str, number: int) -> None:
-    """A fact a worker states about itself (`MARKS`), as an empty file named for it."""
-    (attempt / f"{what}-{number}").touch()
+    """A fact a worker states about itself, as an empty file named for it. What a worker says:
+    its function returned, and its value (local rank 0's) was sent whole (``returned``, by rank);
+    it began to send its value (``sending``, by rank); it found the launch stopped and ran
+    nothing (``cancelled``, by rank); its process received SIGTERM (``terminated``, by pid); its
+    process began (``process``, by pid, before anything else: an engine's processes are known
+    by it even if they die at once)."""
+    with contextlib.suppress(FileExistsError):  # said before: once is enough
+        os.close(private_file(attempt / f"{what}-{number}"))
 
 
-# What a worker says of itself: its function returned (by rank); it found the launch stopped
-# and ran nothing (by rank); its process received SIGTERM (by pid); its process began (by pid,
-# before anything else: an engine's processes are known by it even if they die at once).
-MARKS = ("returned", "cancelled", "terminated", "process")
+def settled(attempt: Path) -> frozenset[int]:
+    """The ranks whose function has returned (its value sent) or raised, as their files say now:
+    read at a timeout, before anything is stopped, they are the ranks the timeout did not cut."""
+    failed = {name[8:-5] for name in (file.name for file in attempt.glob("failure-*.json"))}
+    return noted(attempt, "returned") | {int(rank) for rank in failed if rank.isdigit()}
 
 
 def noted(attempt: Path, what: str) -> frozenset[int]:
@@ -169,18 +237,49 @@ def record_failure(attempt: Path, failure: ProcessFailure) -> None:
     atomic_write(attempt / f"failure-{failure.rank}.json", failure.to_json())
 
 
+KEPT_TEXT_BYTES = 4 * 2**20  # of a failure's whole text, what is kept (its start)
+KEPT_TEXTS = 20  # whole texts kept in the user's cache folder, the newest
+
+
+def failures_folder() -> Path:
+    """Where the whole texts of cut failures are kept: the user's own cache folder, 0700."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "xlaunch" / "failures"
+
+
 def keep_whole_text(file: Path, rank: int) -> str | None:
-    """Move a failure's whole text out of the launch folder (removed at the launch's end) to a
-    file of the caller's own that the error names; None when there is none."""
-    if not file.exists():
-        return None
-    fd, kept = tempfile.mkstemp(prefix=f"xlaunch-failure-rank{rank}-", suffix=".txt")
-    os.close(fd)
+    """Copy a failure's whole text out of the launch folder (removed at the launch's end) into
+    the user's cache folder (0700; the file 0600, its first `KEPT_TEXT_BYTES`, the newest
+    `KEPT_TEXTS` kept), for the error to name; None when there is none or it cannot be kept."""
     try:
-        os.replace(file, kept)
+        source = open(file, "rb")
     except OSError:
-        shutil.copyfile(file, kept)
-    return kept
+        return None
+    folder = failures_folder()
+    with source:
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            info = folder.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                return None
+            os.chmod(folder, 0o700)
+            kept = folder / f"rank{rank}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(4).hex()}.txt"
+            text = source.read(KEPT_TEXT_BYTES + 1)
+            if len(text) > KEPT_TEXT_BYTES:
+                text = text[:KEPT_TEXT_BYTES] + b"\n(cut: the first %d bytes are kept)\n" % (
+                    KEPT_TEXT_BYTES)
+            write_private(kept, text)
+        except OSError:
+            return None
+    _prune(folder)
+    return str(kept)
+
+
+def _prune(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        texts = sorted(folder.glob("rank*.txt"), key=lambda path: path.stat().st_mtime)
+        for old in texts[:-KEPT_TEXTS]:
+            old.unlink()
 
 
 def read_failures(attempt: Path | None) -> dict[int, ProcessFailure]:

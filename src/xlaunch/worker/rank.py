@@ -29,10 +29,17 @@ from xlaunch.names import RESTART_VAR, WORKER_VAR, WORKER_VARS, WORLD_VAR
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.worker import nested, process_tree
 from xlaunch.worker.hints import hint_for
-from xlaunch.worker.launch_dir import STACK_SIGNAL, LaunchDir, note, record_failure, write_pid
+from xlaunch.worker.launch_dir import (
+    STACK_SIGNAL,
+    LaunchDir,
+    note,
+    private_file,
+    record_failure,
+    write_pid,
+)
 from xlaunch.worker.measure import dynamo_since, write_rank_report
 from xlaunch.worker.output import PrefixedStream
-from xlaunch.worker.value import write_value
+from xlaunch.worker.value import ValueNotSent, write_value
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -54,13 +61,13 @@ class Worker:
     def __init__(self, setup: WorkerSetup, attempt: int, rank: int, local_rank: int,
                  world_size: int) -> None:
         process_tree.join(setup.tree)
-        launch_dir = LaunchDir(setup.launch_dir)
+        launch_dir = self.launch_dir = LaunchDir(setup.launch_dir)
         self.attempt = launch_dir.attempt_dir(attempt)
         self.rank = rank
         self.cancelled = launch_dir.cancel_marker.exists()
         # Before the pid is written: the owner asks for stacks only of a rank whose pid it has
         # read, and STACK_SIGNAL would end a process that had no handler for it.
-        self._stack_file: IO[str] = open(self.attempt / f"stack-{rank}", "w")
+        self._stack_file: IO[str] = open(private_file(self.attempt / f"stack-{rank}"), "w")
         faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         write_pid(self.attempt, rank, local_rank)
         if self.cancelled:
@@ -103,11 +110,13 @@ class Worker:
         flush_output()
 
     def run(self, function: Callable[..., Any], args: tuple[Any, ...],
-            measure: Callable[[], Mapping[str, Any]] | None = None) -> Any:
+            measure: Callable[[], Mapping[str, Any]] | None = None, send: bool = False) -> None:
         """Call the function; a failure is recorded and turned into this process's exit status.
 
         Whichever way it ends, the rank then reports its wall time and peak memory, plus what
-        ``measure`` adds (the XLA metrics on that path).
+        ``measure`` adds (the XLA metrics on that path). ``send``: this rank's value goes back to
+        the caller (local rank 0's). The rank says its function returned only once its value is
+        sent whole: a rank that dies while sending failed, it did not return.
         """
         if self.cancelled:
             raise SystemExit(0)  # its record says it ran nothing
@@ -115,21 +124,21 @@ class Worker:
         compiled_before = dynamo_counts()
         try:
             result = function(*args)
-            note(self.attempt, "returned", self.rank)
-            return result
         except SystemExit as stop:
-            if stop.code in (0, None):
-                note(self.attempt, "returned", self.rank)
-                return None
-            code = stop.code if isinstance(stop.code, int) else 1
-            self.record_failure(stop, exitcode=code, skip_frames=1)
-            raise
+            if stop.code not in (0, None):
+                code = stop.code if isinstance(stop.code, int) else 1
+                self.record_failure(stop, exitcode=code, skip_frames=1)
+                raise
+            result = None
         except BaseException as error:  # KeyboardInterrupt too: torch's wrapper makes it exit 0
             self.record_failure(error, skip_frames=1)  # this frame is ours, not the user's
             raise SystemExit(1) from None
         finally:
             self._report(time.perf_counter() - started, measure, compiled_before)
             flush_output()
+        if send:
+            self.send_back(result)
+        note(self.attempt, "returned", self.rank)
 
     def _report(self, wall_seconds: float, measure: Callable[[], Mapping[str, Any]] | None,
                 compiled_before: Mapping[str, Any] | None) -> None:
@@ -141,8 +150,12 @@ class Worker:
 
     def send_back(self, result: Any) -> None:
         """The result, moved to the CPU, to the caller; or this rank's failure if it cannot go."""
+        note(self.attempt, "sending", self.rank)
         try:
-            write_value(self.attempt, result)
+            write_value(self.launch_dir, self.attempt, result)
+        except ValueNotSent as error:  # no room anywhere: the error names the file systems
+            self.record_failure(error)
+            raise SystemExit(1) from None
         except Exception as error:  # reported as this rank's failure
             self.record_failure(TypeError(
                 f"the function returned a value that cannot be sent back to the caller "

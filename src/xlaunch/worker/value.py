@@ -1,22 +1,33 @@
 """A rank's returned value, moved once: the worker writes it, the caller maps it.
 
-The worker pickles the value (tensors moved to the CPU first) into its launch folder, each
-tensor's bytes written raw after the pickle stream (pickle protocol 5's out-of-band buffers); the
-caller maps the file and each tensor is rebuilt over its mapped bytes. So a tensor's storage is
-the file's pages, never a second copy in the caller's memory, no pipe keeps the worker alive
-until the caller reads, and nothing is checksummed or compressed on the way (``torch.save``
-spent 1.9 s on a 500 MiB tensor, most of it its zip checksum). The bytes go to shared memory
-(``/dev/shm``, named after the launch folder) when it has room for them, else beside the record
-in the launch folder: writing 500 MiB to a disk-backed temporary directory took 1.2-1.7 s here
-against 0.35-0.48 s to ``/dev/shm``. The caller unlinks the bytes' file once mapped, and the
-launch's end removes whatever a dead worker left; the mapping stays valid, and a tensor rebuilt
-over it is the caller's to change (the mapping is private: a write copies the page).
+The worker pickles the value (tensors moved to the CPU first) with pickle protocol 5. A buffer of
+`IN_RECORD_BYTES` or more (a large tensor's or array's bytes) is written raw to a file of its own;
+the caller maps that file and the tensor is rebuilt over the mapped pages, never a second copy in
+the caller's memory, nothing checksummed or compressed on the way (``torch.save`` spent 1.9 s on a
+500 MiB tensor, most of it its zip checksum). Smaller buffers travel inside the record.
+
+Where the bytes go: the launch's folder in shared memory (``/dev/shm``) when it has room, else its
+folder on disk (writing 500 MiB to a disk-backed temporary directory took 1.2-1.7 s here against
+0.35-0.48 s to ``/dev/shm``). Shared memory that fills up while the bytes are written falls back to
+disk too; a disk that is full as well is the rank's error, naming both places. Every file is
+private to the user (`launch_dir.private_file`).
+
+The record: a header (the bytes' files and lengths), the pickle stream, and a commit trailer the
+worker writes last (a marker and the record's length). The caller takes a value only with its
+trailer whole; the worker says its function returned (the ``returned`` mark) only after the
+record is in place, so a rank that dies while it sends is a rank that failed, never a value of
+``None``.
+
+The caller maps each file privately (a write copies the page: the tensor is the caller's to
+change, and nothing written to the file later reaches it), closes the descriptor and removes the
+file: a kept tensor holds no descriptor, and its pages go when the tensor goes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import io
 import json
 import mmap
@@ -26,75 +37,173 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from xlaunch.worker.launch_dir import SHARED_MEMORY
+from xlaunch.worker.launch_dir import LaunchDir, atomic_write, private_file
 
-RESULT_FILE = "result"  # the pickle stream, and where the bytes of its tensors are
+RESULT_FILE = "result"  # the record: header, pickle stream, commit trailer
+IN_RECORD_BYTES = 2**20  # a buffer smaller than this travels inside the record
 ROOM_TO_SPARE = 256 * 2**20  # shared memory left to others after the bytes are written
-_ALIGN = 64  # each tensor's bytes start on a boundary any dtype can be read from
+_COMMIT = b"xlaunch-value-committed"  # the trailer's marker, then the record's length (8 bytes)
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def write_value(attempt: Path, value: Any) -> None:
+class ValueNotSent(OSError):
+    """The value's bytes could not be written anywhere (every file system full)."""
+
+
+def write_value(launch: LaunchDir, attempt: Path, value: Any) -> None:
+    """Send ``value`` back: its large buffers to files, then the record, committed last."""
     buffers: list[pickle.PickleBuffer] = []
     stream = io.BytesIO()
     pickler = _Pickler(stream, buffers)
     pickler.dump(to_cpu(value))
     views = [buffer.raw() for buffer in buffers]
-    total = sum(len(view) + _ALIGN for view in views)
-    data = bytes_file(attempt, total)
-    lengths = []
-    if views:
-        with open(data, "wb") as file:
-            for view in views:
-                file.write(b"\0" * (-file.tell() % _ALIGN))
-                file.write(view)
-                lengths.append(len(view))
-    head = json.dumps({"data": str(data) if views else None, "lengths": lengths}).encode()
-    partial = attempt / (RESULT_FILE + ".partial")
-    partial.write_bytes(len(head).to_bytes(8, "little") + head + stream.getbuffer())
-    partial.replace(attempt / RESULT_FILE)
+    total = sum(view.nbytes for view in views)
+    shared = launch.shared if views else None
+    place = shared if shared is not None and _room(shared, total) else attempt
+    files = []
+    for index, view in enumerate(views):
+        file, place = _write_bytes(place, attempt, f"value-{index}", view)
+        files.append(str(file))
+    head = json.dumps({"files": files, "lengths": [view.nbytes for view in views]}).encode()
+    body = len(head).to_bytes(8, "little") + head + stream.getbuffer()
+    atomic_write(attempt / RESULT_FILE, body + _COMMIT + len(body).to_bytes(8, "little"))
 
 
-def bytes_file(attempt: Path, size: int) -> Path:
-    """Where a value's bytes go: shared memory when it has room, else the launch folder."""
+def _room(folder: Path, size: int) -> bool:
+    """Whether ``folder``'s file system has room for ``size`` bytes and some to spare."""
     try:
-        room = os.statvfs(SHARED_MEMORY)
-        fits = room.f_bavail * room.f_frsize >= size + ROOM_TO_SPARE and os.access(
-            SHARED_MEMORY, os.W_OK)
+        room = os.statvfs(folder)
     except OSError:
-        fits = False
-    launch = attempt.parent
-    if fits:
-        return SHARED_MEMORY / f"{launch.name}-{attempt.name}-value"
-    return attempt / "value-bytes"
+        return False
+    return room.f_bavail * room.f_frsize >= size + ROOM_TO_SPARE
 
 
-def read_value(attempt: Path | None) -> Any:
-    """The value local rank 0 sent back; None when it sent none."""
-    file = None if attempt is None else attempt / RESULT_FILE
-    if file is None or not file.exists():
-        return None
-    record = file.read_bytes()
+def _write_bytes(place: Path, attempt: Path, name: str, view: memoryview) -> tuple[Path, Path]:
+    """Write one buffer to a private file in ``place``; when that file system fills up, in the
+    attempt's folder on disk instead. The file, and where the next buffer goes."""
+    try:
+        _write_file(place / name, view)
+        return place / name, place
+    except OSError as full:
+        if full.errno not in _FULL or place == attempt:
+            raise _not_sent(full, view, place, None) from None
+    try:
+        _write_file(attempt / name, view)
+    except OSError as error:
+        raise _not_sent(error, view, attempt, place) from None
+    return attempt / name, attempt
+
+
+def _write_file(file: Path, view: memoryview) -> None:
+    fd = private_file(file)
+    try:
+        with os.fdopen(fd, "wb") as opened:
+            opened.write(view)
+    except OSError:
+        with contextlib.suppress(OSError):
+            file.unlink()  # half a buffer: its room goes back to whoever needs it
+        raise
+
+
+def _not_sent(error: OSError, view: memoryview, place: Path, first: Path | None) -> ValueNotSent:
+    tried = f"{first} and then {place}" if first is not None else str(place)
+    if error.errno in _FULL:
+        why = f"no room for its {view.nbytes} bytes: the file system of {tried} is full"
+    else:
+        why = f"writing its {view.nbytes} bytes to {tried} failed: {error.strerror or error}"
+    return ValueNotSent(error.errno, f"the function returned a value, but {why}. Free space "
+                        "there (or return a smaller value: save large results to a file and "
+                        "return its path)")
+
+
+def read_value(attempt: Path | None) -> tuple[bool, Any]:
+    """(True, the value local rank 0 sent back), or (False, None) when no committed record is
+    there (the rank sent none, or died before its record was whole)."""
+    if attempt is None:
+        return False, None
+    try:
+        record = (attempt / RESULT_FILE).read_bytes()
+    except OSError:
+        return False, None
+    trailer = len(_COMMIT) + 8
+    if (len(record) < trailer or record[-trailer:-8] != _COMMIT
+            or int.from_bytes(record[-8:], "little") != len(record) - trailer):
+        return False, None
     length = int.from_bytes(record[:8], "little")
     head = json.loads(record[8:8 + length])
-    buffers = []
-    if head["data"] is not None:
-        with open(head["data"], "rb") as opened:
-            view = memoryview(mmap.mmap(opened.fileno(), 0, access=mmap.ACCESS_COPY))
-        with contextlib.suppress(OSError):
-            os.unlink(head["data"])  # mapped: its pages stay while the value lives
-        offset = 0
-        for size in head["lengths"]:
-            offset += -offset % _ALIGN
-            buffers.append(view[offset:offset + size])
-            offset += size
-    return pickle.loads(record[8 + length:], buffers=buffers)
+    buffers = [_mapped(Path(file), size)
+               for file, size in zip(head["files"], head["lengths"], strict=True)]
+    return True, pickle.loads(memoryview(record)[8 + length:-trailer], buffers=buffers)
+
+
+def _mapped(file: Path, size: int) -> Any:
+    """The file's bytes, mapped privately and owned by the returned buffer; the file's
+    descriptor closed and the file removed (its pages stay while the buffer lives)."""
+    with open(file, "rb") as opened:
+        buffer = _Mapping.of(opened.fileno(), size)
+    with contextlib.suppress(OSError):
+        os.unlink(file)
+    return buffer
+
+
+class _Mapping:
+    """A private mapping of a file that owns its pages and holds no descriptor: ``mmap.mmap``
+    keeps a duplicate of the file's descriptor for as long as it lives (until Python 3.13's
+    ``trackfd=False``), so 10,000 kept tensors would hold 10,000 descriptors. Through the C
+    library's ``mmap``/``munmap`` instead; a buffer object that unmaps when the last view of it
+    (a tensor's storage, an array) is gone."""
+
+    @staticmethod
+    def of(fd: int, size: int) -> Any:
+        if size == 0:
+            return bytearray()
+        c_library = _libc()
+        if c_library is None:  # no C library to map with: a copy (the bytes are read once)
+            with mmap.mmap(fd, size, access=mmap.ACCESS_COPY) as mapped:
+                return bytearray(mapped)
+        address = c_library.mmap(None, ctypes.c_size_t(size), mmap.PROT_READ | mmap.PROT_WRITE,
+                                 mmap.MAP_PRIVATE, fd, ctypes.c_long(0))
+        if address in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mapping a returned value's bytes failed: "
+                          f"{os.strerror(ctypes.get_errno())}")
+
+        class Pages(ctypes.c_char * size):  # type: ignore[misc,valid-type]
+            def __del__(self) -> None:
+                c_library.munmap(ctypes.c_void_p(address), ctypes.c_size_t(size))
+
+        return memoryview(Pages.from_address(address)).cast("B")
+
+
+_LIBC: list[Any] = []
+
+
+def _libc() -> Any:
+    """The C library's mmap and munmap, typed; None where there is none to load."""
+    if not _LIBC:
+        try:
+            c_library = ctypes.CDLL(None, use_errno=True)
+            c_library.mmap.restype = ctypes.c_void_p
+            c_library.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                       ctypes.c_int, ctypes.c_int, ctypes.c_long)
+            c_library.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        except (OSError, AttributeError):
+            c_library = None
+        _LIBC.append(c_library)
+    return _LIBC[0]
 
 
 class _Pickler(pickle.Pickler):
-    """Pickle protocol 5, each dense CPU tensor's bytes handed out as a buffer, not copied in."""
+    """Pickle protocol 5, each dense CPU tensor's bytes handed out as a buffer, not copied in;
+    a buffer below `IN_RECORD_BYTES` stays in the pickle stream."""
 
     def __init__(self, stream: io.BytesIO, buffers: list[pickle.PickleBuffer]) -> None:
-        super().__init__(stream, protocol=5, buffer_callback=buffers.append)
+        def out_of_band(buffer: pickle.PickleBuffer) -> bool:  # False: it goes to a file
+            if buffer.raw().nbytes < IN_RECORD_BYTES:
+                return True
+            buffers.append(buffer)
+            return False
+
+        super().__init__(stream, protocol=5, buffer_callback=out_of_band)
         self.kept: list[Any] = []  # the tensors the buffers point into, alive until written
 
     def reducer_override(self, obj: Any) -> Any:

@@ -72,7 +72,7 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
 
         def facts(timed_out: bool) -> Outcome:
             return Outcome(path=plan.path, world_size=plan.world_size, exits=run.exits(),
-                           result=read_value(run.folder), timed_out=timed_out,
+                           result=read_value(run.folder)[1], timed_out=timed_out,
                            timeout=plan.timeout,
                            rank_reports=tuple(read_rank_reports(run.folder)),
                            leader_failure=run.failure if not timed_out else None)

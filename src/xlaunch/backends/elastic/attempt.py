@@ -11,6 +11,7 @@ nodes through the rendezvous's store, and one told from there stops this node's 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,15 @@ from xlaunch.backends.processes import LaunchStopped, ProcessSet
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import RankExit
-from xlaunch.worker.launch_dir import LaunchDir, collect_stacks, noted, worker_pids
+from xlaunch.worker.launch_dir import (
+    GROUP_STORE,
+    LaunchDir,
+    collect_stacks,
+    noted,
+    private_file,
+    settled,
+    worker_pids,
+)
 
 
 class Nodes(Protocol):
@@ -42,6 +51,7 @@ class DistAttempt:
         self.folder: Path = launch_dir.attempt_dir(attempt)
         self.owner: ProcessSet | None = None
         self.stacks: dict[int, str] = {}
+        self.settled_at_deadline: frozenset[int] | None = None  # see exits.AttemptFiles
         self.failure: ProcessFailure | None = None  # the launch failed before any worker ran
         self._gate = threading.Lock()
         self._cancelled = False
@@ -67,6 +77,8 @@ class DistAttempt:
             if self._cancelled:
                 return
             owner = self.owner = ProcessSet(self.plan.stop_grace)
+        if world.store_prefix is None:  # torch's FileStore would make it 0644: made private here
+            os.close(private_file(self.folder / GROUP_STORE))
         job = self.make_job(world)
         job.setup = dataclasses.replace(job.setup, tree=owner.ticket(forked))
         for local_rank in range(self.plan.num_processes):
@@ -105,6 +117,7 @@ class DistAttempt:
 
     def expire(self) -> None:
         """Stacks first, then every process of the attempt."""
+        self.settled_at_deadline = settled(self.folder)  # before anyone is asked or stopped
         self.launch_dir.cancel()
         owner = self.owner
         if owner is None:
@@ -131,7 +144,7 @@ class DistAttempt:
     # --- the facts ----------------------------------------------------------------------------
 
     def exits(self) -> tuple[RankExit, ...]:
-        files = AttemptFiles.read(self.folder)
+        files = AttemptFiles.read(self.folder, self.settled_at_deadline)
         if self.stacks:
             files = dataclasses.replace(files, stacks=self.stacks)
         ends = self.owner.ends() if self.owner is not None else []

@@ -20,6 +20,7 @@ from typing import Any
 from xlaunch.names import STORE_DIR_VAR
 from xlaunch.plan.options import DEFAULT_MASTER_ADDR
 from xlaunch.plan.specs import ElasticSpec
+from xlaunch.worker.launch_dir import GROUP_STORE
 from xlaunch.worker.rank import Worker, WorkerSetup, by_value, flush_output, libc
 
 STORE_TIMEOUT_S = 300.0  # forming the group through another node's store
@@ -88,9 +89,7 @@ class Job:
         except Exception as error:  # reported as this rank's failure
             worker.record_failure(error)
             raise SystemExit(1) from None
-        result = worker.run(function, args, measure=self._measure())
-        if local_rank == 0:
-            worker.send_back(result)
+        worker.run(function, args, measure=self._measure(), send=local_rank == 0)
         # A forked worker ends in os._exit, which frees everything; gloo's own teardown cost
         # 20-80 ms a rank. Workers that end in a full interpreter shutdown tear down first.
         if self.spec.dist_backend == "nccl" or self.spec.start_method != "fork":
@@ -131,7 +130,7 @@ class Job:
         world = self.world
         if world.store_prefix is None:
             os.environ[STORE_DIR_VAR] = str(attempt)  # a script's own group meets here too
-            store: Any = dist.FileStore(str(attempt / "group-store"), world.world_size)
+            store: Any = dist.FileStore(str(attempt / GROUP_STORE), world.world_size)
         else:
             tcp = dist.TCPStore(world.master_addr, world.master_port, None, False,
                                 timedelta(seconds=STORE_TIMEOUT_S))

@@ -51,7 +51,7 @@ def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
 
         def facts(timed_out: bool) -> Outcome:
             return Outcome(path="xla", world_size=plan.world_size, exits=run.exits(),
-                           result=read_value(run.attempt), timed_out=timed_out,
+                           result=read_value(run.attempt)[1], timed_out=timed_out,
                            timeout=plan.timeout,
                            rank_reports=tuple(read_rank_reports(run.attempt)),
                            leader_failure=run.failure if not timed_out else None)

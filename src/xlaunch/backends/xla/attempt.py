@@ -26,7 +26,7 @@ from xlaunch.backends.xla.tail import Tail
 from xlaunch.plan.specs import LaunchPlan, XlaSpec
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import RankExit
-from xlaunch.worker.launch_dir import LaunchDir, collect_stacks, noted, worker_pids
+from xlaunch.worker.launch_dir import LaunchDir, collect_stacks, noted, settled, worker_pids
 
 # After a replica fails, its peers get this long to end on their own before they are stopped:
 # replicas run the same program, and eight cores that hit one bug then show as one entry.
@@ -47,6 +47,7 @@ class XlaAttempt:
         self.attempt: Path = self.launch_dir.attempt_dir(job.attempt)
         self.owner: ProcessSet | None = None
         self.stacks: dict[int, str] = {}
+        self.settled_at_deadline: frozenset[int] | None = None  # see exits.AttemptFiles
         self.failure: ProcessFailure | None = None  # the launch failed before any replica ran
         self.tail = Tail()
         self.leader: Any = None  # the leader's process, when there is one
@@ -85,6 +86,7 @@ class XlaAttempt:
             self._stop_all(f"a replica failed; its peers had not ended {PEERS_GRACE_S:g} s later")
 
     def expire(self) -> None:
+        self.settled_at_deadline = settled(self.attempt)  # before anyone is asked or stopped
         pids = worker_pids(self.attempt)
         asked = set(self.owner.ask_stacks(set(pids.values()))) if self.owner else set()
         stacks = collect_stacks(self.attempt, [r for r, pid in pids.items() if pid in asked])
@@ -114,7 +116,7 @@ class XlaAttempt:
 
     def exits(self) -> tuple[RankExit, ...]:
         """Each replica's end, from how each process ended and the replicas' own files."""
-        files = AttemptFiles.read(self.attempt)
+        files = AttemptFiles.read(self.attempt, self.settled_at_deadline)
         files = dataclasses.replace(files, stacks=self.stacks or files.stacks)
         tails = {rank: self.tail.lines(rank) for rank in files.places}
         ends = self.owner.ends() if self.owner is not None else []

@@ -20,7 +20,7 @@ from typing import Any
 from xlaunch import stopping
 from xlaunch.backends.xla.metrics import DEBUG_FILE_VAR, collect
 from xlaunch.worker import process_tree
-from xlaunch.worker.launch_dir import LaunchDir, note
+from xlaunch.worker.launch_dir import LaunchDir, note, private_file
 from xlaunch.worker.rank import Worker, WorkerSetup, by_value
 
 
@@ -66,10 +66,8 @@ def replica(index: int, job: Job | None = None) -> None:
     world_size, local_ordinal = world()
     worker = Worker(job.setup, job.attempt, index, local_ordinal, world_size)
     function, args = replica_inputs(job)
-    with _spmd_refused():
-        result = worker.run(function, args, measure=collect)
-    if local_ordinal == 0:  # each host of a pod returns its own first replica's result
-        worker.send_back(result)
+    with _spmd_refused():  # each host of a pod returns its own first replica's result
+        worker.run(function, args, measure=collect, send=local_ordinal == 0)
 
 
 SPMD_IN_A_REPLICA = (
@@ -177,7 +175,7 @@ def _prepare_process(job: Job) -> None:
         # status goes to torch_xla's pool, so this is how the launch learns which signal it was.
         global _CRASH_FILE
         folder = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
-        _CRASH_FILE = open(folder / f"crash-{os.getpid()}", "w")
+        _CRASH_FILE = open(private_file(folder / f"crash-{os.getpid()}"), "w")
         faulthandler.enable(file=_CRASH_FILE, all_threads=False)
         process = os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0")
         if DEBUG_FILE_VAR in os.environ:  # one analysis file per process, never interleaved
