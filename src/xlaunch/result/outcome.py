@@ -88,13 +88,13 @@ class Outcome:
 
 def classify(rank_exit: RankExit, timed_out: bool) -> Cause | None:
     """Why this rank belongs in a failure report, or None when it finished (or was never hurt)."""
+    if rank_exit.cancelled:
+        return None
     if timed_out and rank_exit.running_at_deadline:  # whatever it did while being stopped
         return Cause.TIMED_OUT
     record = rank_exit.record
     if record is not None:
         return Cause.LOST_PEER if lost_a_peer(record) else Cause.RAISED
-    if rank_exit.cancelled:
-        return None
     stopped = bool(rank_exit.signals_sent)
     if rank_exit.returned:  # its work was done; only a process it kept alive can be a cause
         return Cause.HELD if timed_out and stopped else None

@@ -40,7 +40,7 @@ from typing import Any
 from xlaunch.worker.launch_dir import LaunchDir, atomic_write, private_file
 
 RESULT_FILE = "result"  # the record: header, pickle stream, commit trailer
-IN_RECORD_BYTES = 2**20  # a buffer smaller than this travels inside the record
+IN_RECORD_BYTES = 64 * 2**10  # a buffer smaller than this travels inside the record
 ROOM_TO_SPARE = 256 * 2**20  # shared memory left to others after the bytes are written
 _COMMIT = b"xlaunch-value-committed"  # the trailer's marker, then the record's length (8 bytes)
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

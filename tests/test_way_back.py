@@ -1,0 +1,334 @@
+"""The way back from the workers: what they send is private, whole, or its loss is named.
+
+Tried as a careless or hostile user would: another local user watching ``/tmp`` and ``/dev/shm``
+during a launch, a rank killed while it sends a large result, a shared memory that fills up, a
+notebook that keeps a thousand results, a rank blocked in C code when the timeout passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = os.geteuid() == 0
+LINUX = sys.platform.startswith("linux")
+
+
+def run_script(tmp_path: Path, body: str, *, timeout: float = 180, wrap: list[str] | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body))
+    command = [*(wrap or []), sys.executable, str(script)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu", **(env or {})})
+
+
+def last_json(result: subprocess.CompletedProcess[str]) -> dict:  # type: ignore[type-arg]
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+# A watcher thread lists every path under the launch's folders (in the temporary directory and
+# in /dev/shm) as often as it can while the launch runs, under a umask that would make files
+# world-writable; rank 1 waits so that rank 0's value is there to be seen.
+WATCHED = """
+    import json, os, stat, sys, tempfile, threading, time
+    import torch, xlaunch
+    os.umask(0)  # whatever the user's umask, nothing is readable by others
+    seen, stop = {}, threading.Event()
+    roots = [tempfile.gettempdir(), "/dev/shm"]
+    prefix = f"xlaunch-{os.getpid()}-"
+    def watch():
+        while not stop.is_set():
+            for root in roots:
+                for top in [os.path.join(root, n) for n in os.listdir(root) if n.startswith(prefix)]:
+                    for folder, dirs, files in os.walk(top):
+                        for name in [folder] + [os.path.join(folder, f) for f in files]:
+                            try:
+                                seen[name] = os.lstat(name).st_mode
+                            except OSError:
+                                pass
+    def work(fail):
+        rank = xlaunch.ProcessState().process_index
+        if rank == 1:
+            time.sleep(0.6)
+            if fail:
+                raise ValueError("x" * 20_000)  # cut in the error: its whole text is kept
+        return torch.ones(4 * 2**20)  # 16 MiB: its bytes go to a file of their own
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    fail = sys.argv[-1] == "fail"
+    kept = None
+    try:
+        value = xlaunch.notebook_launcher(work, args=(fail,), num_processes=2)
+        assert torch.equal(value, torch.ones(4 * 2**20))
+    except xlaunch.LaunchError as error:
+        kept = error.root_cause.full_text
+    stop.set()
+    watcher.join()
+    left = [n for root in roots for n in os.listdir(root) if n.startswith(prefix)]
+    kept_mode = oct(os.stat(kept).st_mode & 0o777) if kept else None
+    folder_mode = oct(os.stat(os.path.dirname(kept)).st_mode & 0o777) if kept else None
+    print(json.dumps({"seen": {n: m for n, m in seen.items()}, "left": left, "kept": kept,
+                      "kept_mode": kept_mode, "folder_mode": folder_mode}))
+"""
+
+
+@pytest.mark.skipif(not LINUX, reason="/dev/shm and /proc are Linux's")
+@pytest.mark.parametrize("how", ["returns", "fail"])
+def test_nothing_a_launch_keeps_is_readable_by_another_user_at_any_moment(
+        tmp_path: Path, how: str) -> None:
+    script = tmp_path / "watched.py"
+    script.write_text(textwrap.dedent(WATCHED))
+    cache = tmp_path / "cache"
+    result = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True,
+                            timeout=180, env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu",
+                                              "XDG_CACHE_HOME": str(cache)})
+    facts = last_json(result)
+    seen = facts["seen"]
+    assert any("/dev/shm/" in name and name.endswith("value-0") for name in seen) or how == "fail"
+    assert any(Path(name).name.startswith("pid-") for name in seen)
+    for name, mode in seen.items():
+        wanted = 0o700 if stat.S_ISDIR(mode) else 0o600
+        assert stat.S_ISDIR(mode) or stat.S_ISREG(mode), name
+        assert mode & 0o777 == wanted, f"{name}: {oct(mode & 0o777)}"
+    assert facts["left"] == []  # and nothing after
+    if how == "fail":  # the whole text of the cut failure: in the user's cache, 0600 in 0700
+        assert facts["kept"].startswith(str(cache)), facts["kept"]
+        assert (facts["kept_mode"], facts["folder_mode"]) == ("0o600", "0o700")
+
+
+# During the launch another user (nobody) tries to read the value's bytes, to write into the
+# launch's folders, and to list them; all three are refused.
+SECOND_USER = """
+    import json, os, subprocess, time, torch, xlaunch
+    def attempts():
+        shm = [f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith(f"xlaunch-{os.getpid()}-")]
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        tries = {}
+        for what, command in (("list", ["ls", shm[0]]), ("read", ["cat", f"{shm[0]}/value-0"]),
+                              ("plant", ["sh", "-c", f"echo x > {shm[0]}/value-9"])):
+            tries[what] = subprocess.run(as_nobody + command, capture_output=True).returncode
+        return tries
+    import threading
+    tries = {}
+    def work():
+        if xlaunch.ProcessState().process_index == 1:
+            time.sleep(1.5)
+        return torch.full((2**20,), 3.0)
+    def watch():
+        time.sleep(0.9)
+        tries.update(attempts())
+    threading.Thread(target=watch).start()
+    value = xlaunch.notebook_launcher(work, num_processes=2)
+    print(json.dumps({"tries": tries, "value": float(value.sum())}))
+"""
+
+
+@pytest.mark.skipif(not (ROOT and LINUX and shutil.which("setpriv")),
+                    reason="needs root to act as a second user (CI runs as root)")
+def test_a_second_user_cannot_read_replace_or_plant_a_returned_value(tmp_path: Path) -> None:
+    facts = last_json(run_script(tmp_path, SECOND_USER))
+    assert facts["value"] == 3.0 * 2**20
+    assert facts["tries"] and all(code != 0 for code in facts["tries"].values()), facts["tries"]
+
+
+def test_a_launch_folder_of_another_user_is_never_used_for_a_value(tmp_path: Path) -> None:
+    from xlaunch.worker.launch_dir import LaunchDir
+
+    launch = LaunchDir.create()
+    try:
+        shared = launch.shared
+        if shared is None:
+            pytest.skip("no shared memory here")
+        assert stat.S_IMODE(shared.stat().st_mode) == 0o700
+        assert stat.S_IMODE(Path(launch.folder).stat().st_mode) == 0o700
+        shared.chmod(0o755)  # a folder others can read is not the launch's: values go to disk
+        assert launch.shared is None
+        if ROOT:
+            shared.chmod(0o700)
+            os.chown(shared, 65534, 65534)  # nor is one another user made first
+            assert launch.shared is None
+    finally:
+        launch.remove()
+    theirs = Path("/dev/shm") / Path(launch.folder).name
+    assert not Path(launch.folder).exists()
+    assert theirs.exists() == ROOT  # a folder that is not the user's own is not theirs to remove
+    shutil.rmtree(theirs, ignore_errors=True)
+
+
+# Rank 0 kills itself (SIGKILL, as the out-of-memory killer would) at a random moment around its
+# return of a 192 MiB tensor: before, while, or after its value is sent.
+KILLED_WHILE_SENDING = """
+    import json, os, random, signal, threading, torch, xlaunch
+    def work(delay):
+        big = torch.arange(48 * 2**20, dtype=torch.float32)
+        if xlaunch.ProcessState().process_index == 0:
+            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        return big
+    random.seed(7)
+    outcomes = []
+    for run in range(20):
+        try:
+            value = xlaunch.notebook_launcher(work, args=(random.uniform(0.0, 0.4),),
+                                              num_processes=2)
+        except xlaunch.LaunchError as error:
+            cause = error.root_cause
+            outcomes.append(["error", cause.rank, cause.exitcode, "while sending" in str(error)])
+        else:
+            whole = value is not None and torch.equal(value, torch.arange(48 * 2**20, dtype=torch.float32))
+            outcomes.append(["value", whole])
+    print(json.dumps(outcomes))
+"""
+
+
+@pytest.mark.skipif(not LINUX, reason="/dev/shm is Linux's")
+def test_a_rank_killed_while_sending_its_result_is_the_root_cause_never_none(
+        tmp_path: Path) -> None:
+    result = run_script(tmp_path, KILLED_WHILE_SENDING, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcomes = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(outcomes) == 20
+    for outcome in outcomes:
+        if outcome[0] == "value":
+            assert outcome[1], outcomes  # whole: never None, never part of it
+        else:  # rank 0 by the signal that killed it, never its peer that was stopped
+            assert outcome[1:3] == [0, -signal.SIGKILL], outcomes
+
+
+# A shared memory that fills up while the value's bytes are written (the room check passed): the
+# bytes go to the launch's folder on disk; both full is an error naming the full file systems.
+# In a private mount namespace: /dev/shm and the temporary directory are small tmpfs of its own.
+FULL = """
+    import json, os, sys, tempfile, torch, xlaunch
+    from pathlib import Path
+    from xlaunch.worker import value as value_module
+    from xlaunch.worker.launch_dir import LaunchDir
+    big = torch.arange(4 * 2**20, dtype=torch.float32)  # 16 MiB, /dev/shm holds 4
+    value_module.ROOM_TO_SPARE = -2**40  # the room check says yes: the write itself meets ENOSPC
+    launch = LaunchDir.create()
+    attempt = launch.attempt_dir(0)
+    facts = {}
+    try:
+        value_module.write_value(launch, attempt, {"t": big})
+        shm_left = os.listdir(launch.shared)
+        ok, back = value_module.read_value(attempt)
+        facts["direct"] = [ok, torch.equal(back["t"], big), shm_left]
+    except OSError as error:
+        facts["direct"] = ["error", type(error).__name__, str(error)]
+    launch.remove()
+    value_module.ROOM_TO_SPARE = 256 * 2**20
+    try:
+        back = xlaunch.notebook_launcher(lambda: big, num_processes=2)
+        facts["launch"] = ["value", torch.equal(back, big)]
+    except xlaunch.LaunchError as error:
+        facts["launch"] = ["error", error.root_cause.rank, error.root_cause.exc_type, str(error)]
+    print(json.dumps(facts))
+"""
+
+
+@pytest.mark.skipif(not (ROOT and LINUX and shutil.which("unshare")),
+                    reason="needs root for a private mount namespace (CI runs as root)")
+@pytest.mark.parametrize("disk", ["64m", "8m"])
+def test_a_full_shared_memory_falls_back_to_disk_or_names_the_full_file_systems(
+        tmp_path: Path, disk: str) -> None:
+    temp = tmp_path / "small-temp"
+    temp.mkdir()
+    (tmp_path / "script.py").write_text(textwrap.dedent(FULL))
+    mounts = (f"mount -t tmpfs -o size=4m tmpfs /dev/shm && "
+              f"mount -t tmpfs -o size={disk} tmpfs {temp} && "
+              f"exec {sys.executable} {tmp_path / 'script.py'}")
+    result = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", mounts],
+                            capture_output=True, text=True, timeout=180,
+                            env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu", "TMPDIR": str(temp)})
+    facts = last_json(result)
+    if disk == "64m":  # room on disk: the value arrives whole, nothing half-written stays
+        assert facts["direct"] == [True, True, []], facts
+        assert facts["launch"] == ["value", True], facts
+    else:
+        kind, name, text = facts["direct"]
+        assert (kind, name) == ("error", "ValueNotSent"), facts
+        assert "/dev/shm" in text and str(temp) in text and "full" in text, text
+        assert facts["launch"][:3] == ["error", 0, "ValueNotSent"], facts
+        assert "full" in facts["launch"][3] and "TypeError" not in facts["launch"][3]
+
+
+# A notebook that keeps a thousand returned tensors (each large enough to be mapped) under a
+# descriptor limit of 128: none of them holds a descriptor, and their pages go with them.
+KEPT = """
+    import json, os, resource, torch, xlaunch
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+    def work(n):
+        return [torch.full((2**14,), float(n * 10 + i)) for i in range(10)]  # 64 KiB each
+    kept = []
+    fds = len(os.listdir("/proc/self/fd"))
+    for n in range(100):
+        kept += xlaunch.notebook_launcher(work, args=(n,), num_processes=2)
+    right = all(float(t[0]) == i and t.numel() == 2**14 for i, t in enumerate(kept))
+    after = len(os.listdir("/proc/self/fd"))
+    mapped = sum("/dev/shm/xlaunch-" in line for line in open("/proc/self/maps"))
+    kept.clear()
+    unmapped = sum("/dev/shm/xlaunch-" in line for line in open("/proc/self/maps"))
+    print(json.dumps({"right": right, "fds": [fds, after], "mapped": [mapped, unmapped]}))
+"""
+
+
+@pytest.mark.skipif(not LINUX, reason="/proc is Linux's")
+def test_a_thousand_kept_results_hold_no_descriptor(tmp_path: Path) -> None:
+    facts = last_json(run_script(tmp_path, KEPT, timeout=400))
+    assert facts["right"]
+    assert facts["fds"][1] <= facts["fds"][0] + 2, facts  # flat, not one per kept tensor
+    assert facts["mapped"] == [1000, 0], facts
+
+
+# Both ranks blocked in a C call when the timeout passes: asking for their stacks interrupts the
+# call (the signal's handler runs) and the function returns while they are being stopped; the
+# verdict is still the timeout, with the last Python frame of each.
+IN_C = """
+    import ctypes, json, xlaunch
+    def work():
+        ctypes.CDLL(None).sleep(1000)
+        return "returned"
+    xlaunch.notebook_launcher(print, num_processes=2)  # the caller's first import of torch's
+    verdicts = []                                      # parts is paid before the timed launches
+    for _ in range(20):
+        try:
+            xlaunch.notebook_launcher(work, num_processes=2, timeout=0.5)
+            verdicts.append("returned")
+        except xlaunch.LaunchTimeout as error:
+            verdicts.append("timeout" if " in work" in str(error) else str(error))
+        except xlaunch.LaunchError as error:
+            verdicts.append(str(error)[:300])
+    print(json.dumps(verdicts))
+"""
+
+
+def test_a_rank_in_c_code_at_the_timeout_is_a_timeout_every_time(tmp_path: Path) -> None:
+    result = run_script(tmp_path, IN_C, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    verdicts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert verdicts == ["timeout"] * 20, verdicts
+
+
+def test_a_kept_failure_text_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from xlaunch.worker import launch_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for number in range(launch_dir.KEPT_TEXTS + 5):
+        source = tmp_path / f"failure-{number}.txt"
+        source.write_bytes(b"y" * (launch_dir.KEPT_TEXT_BYTES + 10))
+        kept = launch_dir.keep_whole_text(source, rank=number)
+        assert kept is not None
+    texts = list(launch_dir.failures_folder().glob("rank*.txt"))
+    assert len(texts) == launch_dir.KEPT_TEXTS  # the newest only
+    assert all(t.stat().st_size < launch_dir.KEPT_TEXT_BYTES + 100 for t in texts)
+    assert all(stat.S_IMODE(t.stat().st_mode) == 0o600 for t in texts)
