@@ -113,6 +113,35 @@ def test_the_callers_start_method_is_never_set_by_a_launch(tmp_path: Path, metho
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["0", "None", "None", "spawn"]
 
+
+FROM_ATEXIT = """
+    import atexit, sys, xlaunch
+
+    def ones():
+        import torch
+        return torch.ones(2) * xlaunch.ProcessState().num_processes
+
+    def at_exit():  # the process's only launch, as it shuts down
+        method = sys.argv[1] if sys.argv[1] != "default" else None
+        print(xlaunch.notebook_launcher(ones, num_processes=2, start_method=method).tolist(),
+              flush=True)
+
+    atexit.register(at_exit)
+"""
+
+
+@pytest.mark.parametrize("method", ["default", "spawn"])
+def test_a_first_launch_from_an_atexit_handler_works(tmp_path: Path, method: str):
+    """torch's first import registers exit hooks as it goes (concurrent.futures.thread's threading
+    hook, weakref.finalize's), which Python refuses, or never runs, once it is shutting down."""
+    script = tmp_path / "from_atexit.py"
+    script.write_text(textwrap.dedent(FROM_ATEXIT))
+    done = subprocess.run([sys.executable, str(script), method], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["[2.0, 2.0]"], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
 def held_by_its_thread():
     import torch.distributed as dist
 
