@@ -84,6 +84,64 @@ def test_spawn_and_forkserver_launch_any_number_of_times(tmp_path: Path):
     assert done.stdout.splitlines() == [f"{method} (0, 2)" for method in methods]
 
 
+
+START_METHOD_KEPT = """
+    import multiprocessing, sys, xlaunch
+
+    def rank():
+        import torch.distributed as dist
+        return dist.get_rank()
+
+    if __name__ == "__main__":
+        before = multiprocessing.get_start_method(allow_none=True)
+        method = sys.argv[1] if sys.argv[1] != "default" else None
+        result = xlaunch.notebook_launcher(rank, num_processes=2, start_method=method)
+        after = multiprocessing.get_start_method(allow_none=True)
+        multiprocessing.set_start_method("spawn")  # the caller's own choice, still open to it
+        print(result, before, after, multiprocessing.get_start_method(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("method", ["default", "spawn", "forkserver"])
+def test_the_callers_start_method_is_never_set_by_a_launch(tmp_path: Path, method: str):
+    """CPython's spawn preparation fixes the default context in the parent (cpython#109263):
+    a launch of an explicit spawn or forkserver context used to leave the caller's at "fork"."""
+    script = tmp_path / "start_method.py"
+    script.write_text(textwrap.dedent(START_METHOD_KEPT))
+    done = subprocess.run([sys.executable, str(script), method], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["0", "None", "None", "spawn"]
+
+
+FROM_ATEXIT = """
+    import atexit, sys, xlaunch
+
+    def ones():
+        import torch
+        return torch.ones(2) * xlaunch.ProcessState().num_processes
+
+    def at_exit():  # the process's only launch, as it shuts down
+        method = sys.argv[1] if sys.argv[1] != "default" else None
+        print(xlaunch.notebook_launcher(ones, num_processes=2, start_method=method).tolist(),
+              flush=True)
+
+    atexit.register(at_exit)
+"""
+
+
+@pytest.mark.parametrize("method", ["default", "spawn"])
+def test_a_first_launch_from_an_atexit_handler_works(tmp_path: Path, method: str):
+    """torch's first import registers exit hooks as it goes (concurrent.futures.thread's threading
+    hook, weakref.finalize's), which Python refuses, or never runs, once it is shutting down."""
+    script = tmp_path / "from_atexit.py"
+    script.write_text(textwrap.dedent(FROM_ATEXIT))
+    done = subprocess.run([sys.executable, str(script), method], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["[2.0, 2.0]"], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
 def held_by_its_thread():
     import torch.distributed as dist
 

@@ -10,11 +10,14 @@ instead of degrading without a word.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
+import multiprocessing.context
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +77,7 @@ def lightning_in_a_worker() -> None:
             _loud("lightning", f"{name}._IS_INTERACTIVE is gone in this Lightning; imported in a "
                   "notebook before the launch, it may refuse strategy='ddp' in the workers")
             continue
-        module._IS_INTERACTIVE = False  # type: ignore[attr-defined]  # the one write: test_layout
+        module._IS_INTERACTIVE = False  # type: ignore[attr-defined]  # a write: test_layout
 
 
 # --- CPython: an exception raised in another thread ---------------------------------------------
@@ -90,6 +93,34 @@ def raise_in_thread(thread_id: int, exception: type[BaseException]) -> bool:
               "outside the main thread cannot interrupt the function")
         return False
     return bool(setter(ctypes.c_ulong(thread_id), ctypes.py_object(exception)))
+
+
+# --- CPython: the default start method a spawn or forkserver start fixes -----------------------
+# CPython 3.8-3.13, Lib/multiprocessing/spawn.py: get_preparation_data(), which every spawn and
+# forkserver start calls in the parent (popen_spawn_posix, popen_forkserver), asks the *default*
+# context for its start method without allow_none, and that fixes it to the platform's default
+# (DefaultContext._actual_context, Lib/multiprocessing/context.py; python/cpython#109263). A
+# process of an explicit context then leaves the caller unable to call set_start_method. Checked
+# on CPython 3.10, 3.11, 3.12 and 3.13.
+
+
+@contextlib.contextmanager
+def default_start_method_kept() -> Iterator[None]:
+    """Start processes inside: multiprocessing's default start method stays as it was (unset
+    stays unset), whatever CPython's spawn preparation fixes on the way."""
+    default = getattr(multiprocessing.context, "_default_context", None)
+    if not hasattr(default, "_actual_context"):
+        _loud("mp-default", "multiprocessing's default context has no _actual_context in this "
+              "Python; a spawn or forkserver launch may fix the caller's start method")
+        yield
+        return
+    before = default._actual_context  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        # Only what CPython's preparation set: the platform's default, where nothing was set.
+        if before is None and default._actual_context is default._default_context:  # type: ignore[union-attr]
+            default._actual_context = None  # type: ignore[union-attr]  # a write: test_layout
 
 
 # --- TorchTPU -----------------------------------------------------------------------------------

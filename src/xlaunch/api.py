@@ -6,9 +6,11 @@ accelerate, scripts use the second.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
+import types
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
@@ -175,10 +177,43 @@ def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ..
     return outcome.result
 
 
-# The one frame of xlaunch's a notebook shows above a launch's error: IPython hides frames that
-# set __tracebackhide__, but always shows the one an exception was raised in.
 def _raise(error: BaseException) -> NoReturn:
+    """Raise a launch's error (or the stop button's interrupt) so that IPython shows the user's
+    call, then the message, with no frame of xlaunch's between them.
+
+    IPython hides the frames that set ``__tracebackhide__`` but always shows the one an exception
+    was raised in, and some frame of xlaunch's raises it. So the error carries the hook IPython
+    calls instead of formatting a traceback itself (``_render_traceback_``, IPython's way for an
+    exception to render itself): IPython's own rendering of the same traceback, less xlaunch's
+    frames. Outside IPython nothing reads it.
+    """
+    error._render_traceback_ = functools.partial(_rendered_without_ours, error)  # type: ignore[attr-defined]
     raise error  # the launch's error: its root cause, with the rank's own traceback, below
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _rendered_without_ours(error: BaseException) -> list[str]:
+    """IPython's traceback of ``error`` (the lines of a notebook's error output), less the frames
+    of xlaunch's files; the whole traceback should that fail."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    whole = error.__traceback__
+    try:
+        kept = []
+        entry = whole
+        while entry is not None:
+            if not os.path.abspath(entry.tb_frame.f_code.co_filename).startswith(_PACKAGE):
+                kept.append(entry)
+            entry = entry.tb_next
+        shown = None
+        for entry in reversed(kept):
+            shown = types.TracebackType(shown, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+        return shell.InteractiveTB.structured_traceback(type(error), error, shown)  # type: ignore[no-any-return]
+    except Exception:  # IPython's own rendering, ours left in, rather than none
+        return shell.InteractiveTB.structured_traceback(type(error), error, whole)  # type: ignore[no-any-return]
 
 
 def last_report() -> LaunchReport | None:

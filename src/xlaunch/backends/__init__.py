@@ -16,8 +16,10 @@ and records why; `supervise` runs an attempt in a launch thread and restarts (`r
 
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401  (see _ready_for_shutdown below)
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -79,3 +81,18 @@ def _fresh_lock() -> None:
 
 
 os.register_at_fork(after_in_child=_fresh_lock)
+
+
+# What a launch's first use of torch registers as it goes, registered now, while it still can be.
+# torch's import (in the caller on the fork path, in every forked worker) imports
+# concurrent.futures.thread, which adds a threading exit hook at its import, and makes
+# weakref.finalize objects, the first of which adds weakref's exit hook. Once the interpreter is
+# shutting down (a launch from an atexit handler) the first is refused ("can't register atexit after
+# shutdown", inherited by forked workers too) and the second never runs (torch's finalizers then
+# fail at teardown). Both done at xlaunch's import, a first launch from an atexit handler works.
+class _ReadyForShutdown:
+    pass
+
+
+_READY_FOR_SHUTDOWN = _ReadyForShutdown()
+weakref.finalize(_READY_FOR_SHUTDOWN, lambda: None).atexit = False  # lives with the module

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from xlaunch._compat import default_start_method_kept
 from xlaunch.worker.launch_dir import STACK_SIGNAL, STACKS_WAIT_S
 from xlaunch.worker.process_tree import TreeTicket
 
@@ -108,7 +109,8 @@ class ProcessSet:
             if self._stopped:
                 raise LaunchStopped(name)
             process = context.Process(target=target, args=args, name=name, daemon=False)
-            process.start()
+            with default_start_method_kept():  # spawn's preparation would fix the caller's
+                process.start()
             self._started.append(process)
         with contextlib.suppress(OSError):  # the child joins itself too; this closes the gap
             os.setpgid(process.pid, self.pgid)
