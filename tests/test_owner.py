@@ -230,17 +230,22 @@ def raises_a_huge_message():
     xlaunch.wait_for_everyone()
 
 
-def test_a_huge_message_is_cut_and_kept_whole_in_the_file_the_error_names():
+def test_a_huge_message_is_cut_and_its_start_kept_in_the_users_cache(tmp_path, monkeypatch):
+    from xlaunch.worker.launch_dir import KEPT_TEXT_BYTES
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     with pytest.raises(LaunchError) as caught:
         notebook_launcher(raises_a_huge_message, num_processes=2, timeout=60)
     text = str(caught.value)
     assert len(text) < 100_000
     whole = caught.value.root_cause.full_text
-    assert whole and whole in text
-    try:
-        assert "x" * 50_000_000 in Path(whole).read_text()
-    finally:
-        os.unlink(whole)
+    assert whole and whole in text and whole.startswith(str(tmp_path / "xlaunch" / "failures"))
+    kept = Path(whole)
+    assert kept.stat().st_mode & 0o777 == 0o600 and kept.parent.stat().st_mode & 0o777 == 0o700
+    assert kept.stat().st_size < KEPT_TEXT_BYTES + 100  # bounded: 50 MB a failure would add up
+    content = kept.read_text()
+    assert content.startswith("Traceback") and "x" * 1_000_000 in content
+    assert content.rstrip().endswith(f"(cut: the first {KEPT_TEXT_BYTES} bytes are kept)")
 
 
 def test_a_returned_tensor_comes_back_whole():
