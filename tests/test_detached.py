@@ -152,6 +152,30 @@ def test_the_stop_button_is_not_held_up_by_a_detached_grandchild(strays: Path) -
     assert f"{pid}" in printed, printed
     assert running(pid)
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "status-polled"])
+def test_the_owner_sees_a_worker_end_whatever_its_detached_grandchild_holds(
+        strays: Path, monkeypatch: pytest.MonkeyPatch, pidfds: bool) -> None:
+    """Where the kernel has no pidfds (macOS, Linux before 5.3) the status is polled instead."""
+    from xlaunch.backends import processes
+
+    if not pidfds:
+        monkeypatch.setattr(processes, "_pidfd", lambda pid: None)
+    owner = processes.ProcessSet(grace=1.0)
+    try:
+        worker = owner.start("fork", detach_a_grandchild, (str(strays),), "xlaunch-detacher")
+        started = time.monotonic()
+        ended = owner.wait([worker], 20)
+        took = time.monotonic() - started
+    finally:
+        left = owner.close()
+    pid = grandchild(strays)
+    assert ended == [worker] and took < 5, f"the end was seen {took:.1f} s later"
+    assert left == []
+    assert [process.pid for process in owner.left_running] == [pid]
+    assert running(pid)
+
+
 def ends_at_once() -> None:
     return None
 

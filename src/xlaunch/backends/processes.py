@@ -254,8 +254,10 @@ class ProcessSet:
         """Killed members whose parent is gone are reaped by init; until then they hold the
         group: the pids of what is left of it at ``deadline``."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            while time.monotonic() < deadline:
+            while True:
                 os.killpg(self.pgid, 0)
+                if time.monotonic() >= deadline:
+                    break
                 time.sleep(POLL_S / 2)
             return [p.pid for p in self._started if p.exitcode is None] or [self.pgid]
         return [p.pid for p in self._started if p.exitcode is None]
