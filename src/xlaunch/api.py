@@ -26,6 +26,7 @@ from xlaunch.plan.options import (
     DEFAULT_STOP_GRACE,
 )
 from xlaunch.result import LaunchReport, judge, make_report
+from xlaunch.result.errors import left_running_text
 from xlaunch.result.report import report_shown
 from xlaunch.worker.nested import refuse_nested_launch
 
@@ -171,6 +172,8 @@ def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ..
     if error is not None:
         error.__cause__ = outcome.exception
         _raise(error)
+    if outcome.left_running:  # a failed launch names them in its error
+        print(f"xlaunch: warning: {left_running_text(outcome.left_running)}", file=sys.stderr)
     _print_report(plan, report)
     if outcome.exception is not None:  # the launch itself failed before any worker ran
         raise outcome.exception

@@ -21,14 +21,21 @@ Two kinds of process are owned:
   are known by the pid each wrote as it began, and signalled only through the group (a pid the
   pool has reaped could belong to another process by then); how they ended is in the records
   they leave themselves.
+
+The owner sees a started process end from its pid: a pidfd (Linux 5.3+) turns readable the moment
+it ends; elsewhere its status is polled. Never from multiprocessing's sentinel, a pipe every
+process the worker forks inherits: a grandchild that left the group (``os.setsid()``) would keep
+it open, and a wait on it, as long as it lives. Such a process is named when the attempt closes
+(`escaped`), and left running.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
-import multiprocessing.connection
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -39,6 +46,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xlaunch._compat import default_start_method_kept
+from xlaunch.backends.escaped import held_pipes, writers
+from xlaunch.result.errors import LeftRunning
 from xlaunch.worker.launch_dir import STACK_SIGNAL, STACKS_WAIT_S
 from xlaunch.worker.process_tree import TreeTicket
 
@@ -47,7 +56,6 @@ from xlaunch.worker.process_tree import TreeTicket
 GUARD = ("/bin/sh", "-c", "trap '' TERM; read _unused; kill -KILL 0")
 END_WAIT_S = 5.0  # after the end's SIGKILL: how long killed members may take to be reaped
 POLL_S = 0.01  # the step of the waits nothing can notify (an engine's processes, the tree)
-JOIN_S = 1.0  # a process whose sentinel says it ended has its status this soon
 
 
 class LaunchStopped(Exception):
@@ -83,6 +91,8 @@ class ProcessSet:
         self._started: list[Any] = []  # multiprocessing processes, in start order
         self._adopted: dict[int, None] = {}  # an engine's pids, in the order they reported
         self._signals: dict[int, set[int]] = {}
+        self._pidfds: dict[int, int] = {}  # a started process's pid -> its pidfd, where there is one
+        self.left_running: list[LeftRunning] = []  # known once `close` returns
         self._lock = threading.Lock()  # reaping, and signalling only what has not ended
         self._stopping = threading.Lock()  # one stop sequence at a time
         self._stopped = False
@@ -112,6 +122,9 @@ class ProcessSet:
             with default_start_method_kept():  # spawn's preparation would fix the caller's
                 process.start()
             self._started.append(process)
+            pidfd = _pidfd(process.pid)  # not reaped yet: only this owner reaps it, under the lock
+            if pidfd is not None:
+                self._pidfds[process.pid] = pidfd
         with contextlib.suppress(OSError):  # the child joins itself too; this closes the gap
             os.setpgid(process.pid, self.pgid)
         return process
@@ -134,18 +147,28 @@ class ProcessSet:
     def wait(self, processes: Sequence[Any], timeout: float | None) -> list[Any]:
         """Those of ``processes`` that have ended, reaped, waiting up to ``timeout`` for one.
 
-        A process's sentinel reports its end when its descriptors close, a moment before its
-        status exists: each ended one is joined (a wait of that moment) so its status is known.
+        Each end is seen from the pid: its pidfd, where the kernel has them, else its status
+        polled each `POLL_S`. A pidfd turns readable once the status exists (a fork server's child
+        has it a moment later, from the server: that one is polled until then).
         """
-        ready = set(multiprocessing.connection.wait([p.sentinel for p in processes], timeout))
-        ended = []
-        for process in (p for p in processes if p.sentinel in ready):
-            # Bounded, and not under the lock: a sentinel a process closed without ending (its
-            # own code closing descriptors) must not hold a stop up.
-            process.join(JOIN_S)
-            if self.exitcode(process) is not None:
-                ended.append(process)
-        return ended
+        if not processes:
+            return []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen: set[int] = set()  # pidfds found readable: ended, status still to come
+        while True:
+            ended = [p for p in processes if self.exitcode(p) is not None]
+            left = None if deadline is None else deadline - time.monotonic()
+            if ended or (left is not None and left <= 0):
+                return ended
+            with self._lock:
+                fds = [self._pidfds.get(p.pid) for p in processes]
+            watched = [fd for fd in fds if fd is not None and fd not in seen]
+            if len(watched) < len(fds):  # some are polled
+                left = POLL_S if left is None else min(left, POLL_S)
+            if watched:
+                seen |= _readable(watched, left)
+            elif left is not None:
+                time.sleep(left)
 
     def stopped(self) -> bool:
         return self._stopped
@@ -203,7 +226,8 @@ class ProcessSet:
     def close(self) -> list[int]:
         """The end of every attempt: nothing of it is left once this returns (within
         ``END_WAIT_S``), or the pids of what is, returned. What still runs is killed (noted, when
-        it was a worker), every started process is reaped, then the guard."""
+        it was a worker), every started process is reaped, then the guard. What a worker started
+        that left the group is not waited for: it is named in `left_running`."""
         with self._stopping:
             with self._lock:
                 self._stopped = True
@@ -211,18 +235,41 @@ class ProcessSet:
                 self._signal(signal.SIGKILL, "the launch ended")
             self._killpg(signal.SIGKILL)  # what the workers left running, the guard too
         deadline = time.monotonic() + END_WAIT_S
+        pending = self.started
+        while pending and time.monotonic() < deadline:
+            pending = [p for p in pending if p not in self.wait(pending, deadline - time.monotonic())]
         for process in self._started:
-            process.join(max(0.0, deadline - time.monotonic()))
+            if process.exitcode is not None:
+                process.join()  # ended: no wait, it only leaves multiprocessing's list of children
         with contextlib.suppress(OSError):
             self._pipe.close()
         self._guard.wait()  # killed just now: this returns the moment it is gone
-        # Killed members whose parent is gone are reaped by init; until then they hold the group.
+        left = self._group_left(deadline)
+        self.left_running = self._escaped()
+        with self._lock:
+            for pidfd in self._pidfds.values():
+                os.close(pidfd)
+            self._pidfds.clear()
+        return left
+
+    def _group_left(self, deadline: float) -> list[int]:
+        """Killed members whose parent is gone are reaped by init; until then they hold the
+        group: the pids of what is left of it at ``deadline``."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            while time.monotonic() < deadline:
+            while True:
                 os.killpg(self.pgid, 0)
+                if time.monotonic() >= deadline:
+                    break
                 time.sleep(POLL_S / 2)
             return [p.pid for p in self._started if p.exitcode is None] or [self.pgid]
         return [p.pid for p in self._started if p.exitcode is None]
+
+    def _escaped(self) -> list[LeftRunning]:
+        """What still holds an ended worker's sentinel once the group is gone: processes the
+        workers started that left the group (looked for only when a sentinel is held)."""
+        ended = [p.sentinel for p in self._started if p.exitcode is not None]
+        found = writers(held_pipes(ended), {os.getpid()})
+        return [process for process in found if not self._in_tree(process.pid)]
 
     def _signal(self, number: int, why: str) -> None:
         """``number`` to every live process, recorded with the processes it reached."""
@@ -280,6 +327,23 @@ class ProcessSet:
             ends += [ProcessEnd(pid, None, frozenset(self._signals.get(pid, ())), adopted=True)
                      for pid in self._adopted]
         return ends
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that turns readable when ``pid`` ends (Linux 5.3+), or None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux, an older kernel or a sandbox refusing it
+        return None
+
+
+def _readable(fds: Sequence[int], timeout: float | None) -> set[int]:
+    """Those of ``fds`` that are readable, waiting up to ``timeout`` seconds for one."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    wait_ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+    return {fd for fd, _ in poller.poll(wait_ms)}
 
 
 def _zombie(pid: int) -> bool:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from xlaunch.result.errors import LeftRunning, left_running_text
 from xlaunch.result.outcome import Outcome, judge
 
 POLL_S = 0.05  # how often the caller's thread looks at the clock and the launch's own checks
@@ -28,14 +29,17 @@ def run_attempts(max_restarts: int, timeout: float | None,
     """Every path's restarts, one loop: attempt after attempt until one succeeds, the launch's
     time is up, or ``max_restarts`` are spent. ``one_attempt(number, seconds left)`` ends only
     once every process of that attempt is gone; the last attempt's outcome keeps the earlier
-    ones' exits (`LaunchError.earlier_attempts`)."""
+    ones' exits (`LaunchError.earlier_attempts`) and what any attempt left running."""
     deadline = None if timeout is None else time.monotonic() + timeout
     earlier: list[tuple] = []  # type: ignore[type-arg]
+    left_running: tuple[LeftRunning, ...] = ()
     attempt = 0
     while True:
         remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
-        outcome = dataclasses.replace(one_attempt(attempt, remaining),
-                                      earlier_attempts=tuple(earlier))
+        outcome = one_attempt(attempt, remaining)
+        left_running += outcome.left_running
+        outcome = dataclasses.replace(outcome, earlier_attempts=tuple(earlier),
+                                      left_running=left_running)
         if (attempt >= max_restarts or outcome.timed_out or outcome.leader_failure is not None
                 or judge(outcome) is None):
             return outcome
@@ -61,31 +65,38 @@ class Supervised(Protocol):
     def end(self) -> list[int]:
         """After everything: every process of the attempt ended; the pids of any left."""
 
+    def left_running(self) -> list[LeftRunning]:
+        """After `end`: what the workers started that left the launch's group, still running."""
+
 
 def run_attempt(launch: Supervised, timeout: float | None,
                 facts: Callable[[bool], Outcome]) -> Outcome:
     """One attempt from start to end: supervised, its facts read (``facts(timed_out)``), then
     every process of it ended, whatever happened. The stop button's KeyboardInterrupt says
-    whether every worker was stopped, or which process was left."""
+    whether every worker was stopped, or which process was left; the outcome and the
+    interrupt name what a worker started that left the launch's group."""
     ended = False
     try:
-        return facts(supervise(launch, timeout))
+        outcome = facts(supervise(launch, timeout))
     except KeyboardInterrupt:
         with signals_deferred():  # a second Ctrl-C must not cut the clean-up short
             left, ended = launch.end(), True
-        raise KeyboardInterrupt(interrupted(left)) from None
+        raise KeyboardInterrupt(interrupted(left, launch.left_running())) from None
     finally:
         if not ended:
             with signals_deferred():
                 launch.end()
+    return dataclasses.replace(outcome, left_running=tuple(launch.left_running()))
 
 
-def interrupted(left: list[int]) -> str:
+def interrupted(left: list[int], running: list[LeftRunning] | None = None) -> str:
+    detached = f"; {left_running_text(running)}" if running else ""
     if not left:
-        return "interrupted: every worker of the launch was stopped"
+        return f"interrupted: every worker of the launch was stopped{detached}"
     return (f"interrupted: the launch was stopped, but process{'es' if len(left) > 1 else ''} "
             f"{', '.join(map(str, left))} did not end (in uninterruptible I/O?); "
-            f"`kill -9 {' '.join(map(str, left))}` ends {'them' if len(left) > 1 else 'it'}")
+            f"`kill -9 {' '.join(map(str, left))}` ends {'them' if len(left) > 1 else 'it'}"
+            f"{detached}")
 
 
 def supervise(launch: Supervised, timeout: float | None) -> bool:

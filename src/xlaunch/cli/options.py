@@ -131,8 +131,8 @@ def launch_and_report(start: Any) -> int:
     except (RuntimeError, ImportError) as refused:  # a taken port, a held TPU, no torch_xla
         print(f"xlaunch: error: {refused}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("xlaunch: interrupted; every worker was stopped", file=sys.stderr)
+    except KeyboardInterrupt as stop:  # its message says what was stopped, and anything left
+        print(f"xlaunch: {stop or 'interrupted; every worker was stopped'}", file=sys.stderr)
         return INTERRUPTED_EXIT
     return 0
 

@@ -204,6 +204,28 @@ def group_failures(failures: Sequence[ProcessFailure]) -> list[list[ProcessFailu
     return list(groups.values())
 
 
+@dataclass(frozen=True)
+class LeftRunning:
+    """A process a worker started that left the launch's process group and still ran when the
+    launch ended: not killed (it left on purpose), named with its pid."""
+
+    pid: int
+    command: str
+
+
+def left_running_text(left: Sequence[LeftRunning]) -> str:
+    """What a launch says of the processes it left running (empty when there are none)."""
+    if not left:
+        return ""
+    many = len(left) > 1
+    which = "; ".join(f"pid {process.pid} ({process.command})" for process in left)
+    pids = " ".join(str(process.pid) for process in left)
+    return (f"{'processes' if many else 'a process'} a worker started left the launch's process "
+            f"group (os.setsid(), start_new_session=True or process_group=0) and "
+            f"{'are' if many else 'is'} left running: {which}; `kill {pids}` ends "
+            f"{'them' if many else 'it'}")
+
+
 def format_failures(failures: Sequence[ProcessFailure], summary: str) -> str:
     """The one formatter: the message users read in a notebook cell or a terminal."""
     lines = [summary]
@@ -251,11 +273,13 @@ class LaunchError(RuntimeError):
 
     def __init__(self, summary: str, failures: Iterable[ProcessFailure] = (), *,
                  earlier_attempts: Sequence[Sequence[ProcessFailure]] = (),
-                 report: LaunchReport | None = None) -> None:
+                 report: LaunchReport | None = None,
+                 left_running: Sequence[LeftRunning] = ()) -> None:
         self.summary = summary
         self.failures: list[ProcessFailure] = list(failures)
         self.earlier_attempts = [list(attempt) for attempt in earlier_attempts]
         self.report = report
+        self.left_running = list(left_running)  # what a worker started and detached, still running
         super().__init__(self._text())
 
     def _text(self) -> str:
@@ -271,6 +295,8 @@ class LaunchError(RuntimeError):
                          f"{first.headline()}")
                 if first.traceback:
                     text += "\n" + first.traceback.rstrip()
+        if self.left_running:
+            text += "\n\n" + left_running_text(self.left_running)
         return text
 
     @property
@@ -287,7 +313,8 @@ class LaunchError(RuntimeError):
         return root.exitcode
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_rebuild, (type(self), self.summary, self.failures, self.earlier_attempts))
+        return (_rebuild, (type(self), self.summary, self.failures, self.earlier_attempts,
+                           self.left_running))
 
 
 class LaunchTimeout(LaunchError):
@@ -295,5 +322,6 @@ class LaunchTimeout(LaunchError):
 
 
 def _rebuild(kind: type[LaunchError], summary: str, failures: list[ProcessFailure],
-             earlier: list[list[ProcessFailure]]) -> LaunchError:
-    return kind(summary, failures, earlier_attempts=earlier)
+             earlier: list[list[ProcessFailure]],
+             left_running: Sequence[LeftRunning] = ()) -> LaunchError:
+    return kind(summary, failures, earlier_attempts=earlier, left_running=left_running)

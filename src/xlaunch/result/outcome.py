@@ -39,6 +39,7 @@ from xlaunch.result.errors import (
     Cause,
     LaunchError,
     LaunchTimeout,
+    LeftRunning,
     ProcessFailure,
     rank_ranges,
     root_cause,
@@ -84,6 +85,7 @@ class Outcome:
     earlier_attempts: tuple[tuple[RankExit, ...], ...] = ()  # restarted attempts, oldest first
     exception: BaseException | None = field(default=None, compare=False)  # inline: the original
     rank_reports: tuple[RankReport, ...] = ()  # what each rank that ran measured of itself
+    left_running: tuple[LeftRunning, ...] = ()  # what workers started that left the group
 
 
 def classify(rank_exit: RankExit, timed_out: bool) -> Cause | None:
@@ -207,15 +209,17 @@ def judge(outcome: Outcome, report: LaunchReport | None = None) -> LaunchError |
     if outcome.leader_failure is not None:
         leader = dataclasses.replace(outcome.leader_failure, cause=Cause.LEADER)
         return LaunchError(f"the {outcome.path} launch failed before any worker ran",
-                           [leader], earlier_attempts=earlier, report=report)
+                           [leader], earlier_attempts=earlier, report=report,
+                           left_running=outcome.left_running)
     failures = failures_of(exits, outcome.timed_out, outcome.world_size)
     if outcome.timed_out:
         return LaunchTimeout(_timeout_summary(outcome, failures), failures,
-                             earlier_attempts=earlier, report=report)
+                             earlier_attempts=earlier, report=report,
+                             left_running=outcome.left_running)
     if not failures:
         return None
     return LaunchError(_summary(outcome, failures), failures, earlier_attempts=earlier,
-                       report=report)
+                       report=report, left_running=outcome.left_running)
 
 
 def _summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:

@@ -21,7 +21,7 @@ from xlaunch.backends.elastic.job import Job, World, run_worker
 from xlaunch.backends.exits import AttemptFiles, dist_exits
 from xlaunch.backends.processes import LaunchStopped, ProcessSet
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
-from xlaunch.result.errors import ProcessFailure
+from xlaunch.result.errors import LeftRunning, ProcessFailure
 from xlaunch.result.outcome import RankExit
 from xlaunch.worker.launch_dir import (
     GROUP_STORE,
@@ -140,6 +140,10 @@ class DistAttempt:
     def end(self) -> list[int]:
         """Every process of the attempt ended; the pids of any that could not be."""
         return self.owner.close() if self.owner is not None else []
+
+    def left_running(self) -> list[LeftRunning]:
+        """What the workers started that left the launch's group, still running at its end."""
+        return self.owner.left_running if self.owner is not None else []
 
     # --- the facts ----------------------------------------------------------------------------
 

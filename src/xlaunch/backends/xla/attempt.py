@@ -24,7 +24,7 @@ from xlaunch.backends.processes import ProcessSet
 from xlaunch.backends.xla import replica
 from xlaunch.backends.xla.tail import Tail
 from xlaunch.plan.specs import LaunchPlan, XlaSpec
-from xlaunch.result.errors import ProcessFailure
+from xlaunch.result.errors import LeftRunning, ProcessFailure
 from xlaunch.result.outcome import RankExit
 from xlaunch.worker.launch_dir import LaunchDir, collect_stacks, noted, settled, worker_pids
 
@@ -113,6 +113,10 @@ class XlaAttempt:
     def end(self) -> list[int]:
         """Every process of the attempt ended; the pids of any that could not be."""
         return self.owner.close() if self.owner is not None else []
+
+    def left_running(self) -> list[LeftRunning]:
+        """What the workers started that left the launch's group, still running at its end."""
+        return self.owner.left_running if self.owner is not None else []
 
     def exits(self) -> tuple[RankExit, ...]:
         """Each replica's end, from how each process ended and the replicas' own files."""
