@@ -28,6 +28,7 @@ from xlaunch._compat import dynamo_counts
 from xlaunch.names import RESTART_VAR, WORKER_VAR, WORKER_VARS, WORLD_VAR
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.worker import nested, process_tree
+from xlaunch.worker.displays import route_displays
 from xlaunch.worker.hints import hint_for
 from xlaunch.worker.launch_dir import STACK_SIGNAL, LaunchDir, note, record_failure, write_pid
 from xlaunch.worker.measure import dynamo_since, write_rank_report
@@ -46,6 +47,8 @@ class WorkerSetup:
     line_prefix: str | None = None  # a template (${rank}, ${local_rank}); None: no prefix
     prefix_single: bool = False  # prefix even when the world is one process (a user template)
     tree: process_tree.TreeTicket | None = None
+    # A kernel's forked workers: each local rank's socket to the caller for what it displays
+    display_fds: tuple[int, ...] | None = None
 
 
 class Worker:
@@ -69,6 +72,7 @@ class Worker:
         set_variables(setup.env, attempt)
         not_interactive()
         nested.refuse_launchers()
+        route_displays(setup.display_fds, local_rank, rank)
         if setup.line_prefix is not None and (world_size > 1 or setup.prefix_single):
             prefix = string.Template(setup.line_prefix).safe_substitute(
                 rank=rank, local_rank=local_rank, role_name="default")

@@ -1,0 +1,64 @@
+"""A forked worker's displays, sent to the caller (a Jupyter kernel), which publishes them.
+
+The caller makes one socket pair per local rank before any worker starts (`backends.displays`)
+and hands each worker its end's descriptor. In the worker, the kernel's session sends what it
+would have sent (and dropped: a forked process may not use the kernel's sockets) down that socket
+instead: display_data, update_display_data, clear_output, comm_open/comm_msg/comm_close (hence
+ipywidgets and ``tqdm.auto`` bars). Each message is one frame: 4 bytes of length, then a pickle of
+``(rank, msg_type, content, metadata, buffers)``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import threading
+from typing import Any
+
+from xlaunch import _compat
+
+LENGTH_BYTES = 4
+
+
+class DisplaySink:
+    """This rank's end of the caller's socket; a process it forks sends nothing through it."""
+
+    def __init__(self, fd: int, rank: int) -> None:
+        self._socket = socket.socket(fileno=fd)
+        self._socket.setblocking(True)
+        self._pid = os.getpid()
+        self._rank = rank
+        self._lock = threading.Lock()
+
+    def __call__(self, msg_type: str, content: dict[str, Any], metadata: dict[str, Any] | None,
+                 buffers: Any = None) -> bool:
+        if os.getpid() != self._pid:
+            return False
+        try:
+            frame = pickle.dumps((self._rank, msg_type, content, metadata,
+                                  [bytes(buffer) for buffer in buffers or ()]), protocol=5)
+        except Exception:
+            return False
+        with self._lock:
+            try:
+                self._socket.sendall(len(frame).to_bytes(LENGTH_BYTES, "big") + frame)
+            except OSError:  # the caller is gone: nothing can show it any more
+                pass
+        return True
+
+
+def route_displays(fds: tuple[int, ...] | None, local_rank: int, rank: int) -> DisplaySink | None:
+    """In a forked worker of a kernel: what it displays goes to the caller. None elsewhere."""
+    if fds is None or local_rank >= len(fds):
+        return None
+    for index, fd in enumerate(fds):  # the other ranks' ends are not this worker's
+        if index != local_rank:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    sink = DisplaySink(fds[local_rank], rank)
+    if not _compat.route_kernel_messages(sink):
+        return None
+    return sink

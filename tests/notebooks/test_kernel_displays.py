@@ -1,0 +1,80 @@
+"""What workers display reaches the launching cell, in a real Jupyter kernel (issue 31).
+
+A forked worker may not use the kernel's sockets (jupyter_client drops it: "attempted to send
+message from fork"); the launch's caller publishes what each rank displays instead. The
+frontend's view is rebuilt as a notebook keeps it: each display id's last data, each widget's
+state (`nbkernel.CellRun`). Every test here failed before displays travelled (checked).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+DEFINITIONS = '''
+import logging, os, sys, time
+from xlaunch import ProcessState, notebook_launcher
+'''
+
+
+def progress_bars(cell):
+    """tqdm.notebook's bars: the state of each progress widget the cell shows."""
+    return [state for state in cell.widget_states.values()
+            if state.get("_model_name") in ("FloatProgressModel", "IntProgressModel")]
+
+
+def test_the_tutorials_main_only_tqdm_auto_bar_reaches_the_cell_and_finishes(kernel):
+    assert kernel.run(DEFINITIONS).status == "ok"
+    cell = kernel.run('''
+from tqdm.auto import tqdm
+
+def train():
+    for _ in tqdm(range(40), disable=not ProcessState().is_local_main_process):
+        time.sleep(0.01)
+
+notebook_launcher(train, num_processes=2)
+''')
+    assert cell.status == "ok", cell.describe()
+    bars = progress_bars(cell)
+    assert len(bars) == 1, (cell.widget_states, cell.describe())
+    assert bars[0]["value"] == bars[0]["max"] == 40, bars
+    shown = [d for d in cell.displays if "application/vnd.jupyter.widget-view+json" in d]
+    assert len(shown) == 1, cell.displays
+
+
+def test_a_bar_on_each_rank_gives_two_finished_bars(kernel):
+    cell = kernel.run('''
+from tqdm.auto import tqdm
+
+def both():
+    for _ in tqdm(range(30), desc=f"rank {ProcessState().process_index}"):
+        time.sleep(0.01)
+
+notebook_launcher(both, num_processes=2)
+''')
+    assert cell.status == "ok", cell.describe()
+    bars = progress_bars(cell)
+    assert len(bars) == 2, cell.widget_states
+    assert all(bar["value"] == bar["max"] == 30 for bar in bars), bars
+    labels = " ".join(str(state.get("value")) for state in cell.widget_states.values())
+    labels = labels.replace("\u2007", " ")  # tqdm pads with figure spaces
+    assert "rank 0" in labels and "rank 1" in labels, labels
+
+
+def test_a_display_updated_in_place_from_a_worker_ends_at_its_last_state(kernel):
+    cell = kernel.run('''
+from IPython.display import HTML, display
+
+def shows():
+    if ProcessState().process_index == 0:
+        handle = display(HTML("<b>step 0</b>"), display_id=True)
+        for step in range(1, 200):
+            handle.update(HTML(f"<b>step {step}</b>"))
+
+notebook_launcher(shows, num_processes=2)
+''')
+    assert cell.status == "ok", cell.describe()
+    html = [d for d in cell.displays if "text/html" in d]
+    assert len(html) == 1, cell.displays  # one output, updated in place
+    assert list(cell.display_states.values())[0]["text/html"] == "<b>step 199</b>"

@@ -1,0 +1,77 @@
+"""The caller's relay of workers' displays, without a kernel: frames in, messages published.
+
+A sink (the worker's end) and the relay run in this process; the relay's publish is a list.
+The real kernel's side is tests/notebooks/test_kernel_displays.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+from xlaunch.backends.displays import DisplayRelay, own_display_id
+from xlaunch.worker.displays import DisplaySink
+
+
+def relay_and_sinks(ranks=2):
+    published = []
+    relay = DisplayRelay(lambda *message: published.append(message), ranks)
+    sinks = [DisplaySink(os.dup(fd), rank) for rank, fd in enumerate(relay.fds)]
+    return relay, sinks, published
+
+
+def display(sink, text, update=False, display_id="bar"):
+    sink("update_display_data" if update else "display_data",
+         {"data": {"text/plain": text}, "metadata": {}, "transient": {"display_id": display_id}},
+         {})
+
+
+def test_a_burst_of_updates_is_folded_and_ends_at_its_last_state():
+    relay, (sink, _), published = relay_and_sinks()
+    display(sink, "0")
+    for step in range(1, 5000):
+        display(sink, str(step), update=True)
+    relay.close()
+    kinds = [message[0] for message in published]
+    assert kinds[0] == "display_data"
+    assert 1 <= kinds.count("update_display_data") < 100, len(kinds)  # a few a flush, not 4999
+    assert published[-1][1]["data"]["text/plain"] == "4999"
+
+
+def test_each_rank_keeps_its_own_display_ids():
+    relay, sinks, published = relay_and_sinks()
+    for rank, sink in enumerate(sinks):
+        display(sink, f"rank {rank}")
+    relay.close()
+    ids = {message[1]["transient"]["display_id"] for message in published}
+    assert ids == {"bar-rank0", "bar-rank1"}
+
+
+def test_widget_state_updates_merge_key_by_key():
+    relay, (sink, _), published = relay_and_sinks()
+    sink("comm_open", {"comm_id": "w", "target_name": "jupyter.widget",
+                       "data": {"state": {"value": 0, "max": 10}}}, {})
+    sink("comm_msg", {"comm_id": "w", "data": {"method": "update", "state": {"value": 5}}}, {})
+    sink("comm_msg", {"comm_id": "w", "data": {"method": "update",
+                                               "state": {"bar_style": "success"}}}, {})
+    relay.close()
+    updates = [m[1]["data"]["state"] for m in published if m[0] == "comm_msg"]
+    merged = {}
+    for state in updates:
+        merged.update(state)
+    assert merged == {"value": 5, "bar_style": "success"}
+    assert published[0][0] == "comm_open"
+
+
+def test_messages_without_a_display_id_are_left_as_they_are():
+    content = {"data": {"text/plain": "x"}, "metadata": {}, "transient": {}}
+    assert own_display_id(content, 3) is content
+
+
+def test_a_sink_in_a_process_the_worker_forked_sends_nothing():
+    relay, (sink, _), published = relay_and_sinks()
+    pid = os.fork()
+    if pid == 0:  # a process the rank started (a DataLoader worker): not the rank
+        os._exit(0 if not sink("display_data", {"data": {}}, {}) else 1)
+    _, status = os.waitpid(pid, 0)
+    relay.close()
+    assert os.waitstatus_to_exitcode(status) == 0 and published == []
