@@ -609,3 +609,21 @@ def test_a_killed_launchers_directory_is_swept_by_the_next_launch(tmp_path):
         assert not leftover.exists() and mine.exists()
     finally:
         mine.rmdir()
+
+
+def test_a_logging_configuration_made_before_the_launch_keeps_the_rank(tmp_path):
+    """basicConfig in the caller: its handler holds the caller's stderr, yet every worker's log
+    line carries its rank (the handler is rebound in the worker; the caller's is untouched)."""
+    done = run_script(tmp_path, """
+        import logging, sys, xlaunch
+        logging.basicConfig(format="%(levelname)s %(message)s", level=logging.INFO)
+        def logs():
+            logging.info("logged by %d", xlaunch.ProcessState().process_index)
+        xlaunch.notebook_launcher(logs, num_processes=2)
+        assert logging.getLogger().handlers[0].stream is sys.stderr
+        logging.info("logged by the caller")
+    """)
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        assert f"[rank {rank}] INFO logged by {rank}\n" in done.stderr, done.stderr
+    assert "\nINFO logged by the caller\n" in done.stderr

@@ -78,3 +78,18 @@ notebook_launcher(shows, num_processes=2)
     html = [d for d in cell.displays if "text/html" in d]
     assert len(html) == 1, cell.displays  # one output, updated in place
     assert list(cell.display_states.values())[0]["text/html"] == "<b>step 199</b>"
+
+
+def test_a_notebooks_logging_configuration_keeps_the_rank_on_workers_lines(kernel):
+    cell = kernel.run('''
+logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO, force=True)
+
+def logs():
+    logging.getLogger("train").info("step done by %d", ProcessState().process_index)
+
+notebook_launcher(logs, num_processes=2)
+''')
+    assert cell.status == "ok", cell.describe()
+    for rank in (0, 1):
+        assert f"[rank {rank}] INFO train: step done by {rank}\n" in cell.stderr, cell.describe()
+    kernel.run("logging.getLogger().handlers.clear()")

@@ -179,3 +179,26 @@ class PrefixedBuffer(io.BufferedIOBase):
 def _pieces(text: str) -> list[str]:
     """Split after every line end, in one pass; ``text`` ends with a line end."""
     return [piece for piece in _AFTER_LINE_END.split(text) if piece]
+
+
+def rebind_log_handlers(streams: dict[int, Any]) -> None:
+    """Logging handlers made before the launch that write to the caller's stdout or stderr
+    (``logging.basicConfig`` in the notebook) write to this worker's prefixed streams instead.
+
+    ``streams``: ``id`` of the stream a handler may hold -> the stream it writes to now. Only
+    in the worker: the caller's handlers are untouched.
+    """
+    import sys
+
+    logging = sys.modules.get("logging")
+    if logging is None:  # never imported: no handler exists yet
+        return
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            if not isinstance(handler, logging.StreamHandler) or isinstance(
+                    handler, logging.FileHandler):
+                continue
+            target = streams.get(id(handler.stream))
+            if target is not None:
+                handler.setStream(target)

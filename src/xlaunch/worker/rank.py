@@ -32,7 +32,7 @@ from xlaunch.worker.displays import route_displays
 from xlaunch.worker.hints import hint_for
 from xlaunch.worker.launch_dir import STACK_SIGNAL, LaunchDir, note, record_failure, write_pid
 from xlaunch.worker.measure import dynamo_since, write_rank_report
-from xlaunch.worker.output import PrefixedStream
+from xlaunch.worker.output import PrefixedStream, rebind_log_handlers
 from xlaunch.worker.value import write_value
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -77,8 +77,13 @@ class Worker:
             prefix = string.Template(setup.line_prefix).safe_substitute(
                 rank=rank, local_rank=local_rank, role_name="default")
             lock = str(launch_dir.folder) + "/output.lock"  # shared by every rank of the launch
+            caller = {id(sys.stdout): "stdout", id(sys.__stdout__): "stdout",
+                      id(sys.stderr): "stderr", id(sys.__stderr__): "stderr"}
             sys.stdout = PrefixedStream(sys.stdout, prefix, lock)
             sys.stderr = PrefixedStream(sys.stderr, prefix, lock)
+            # Handlers made before the launch (a notebook's basicConfig) hold the caller's
+            # stream: in this worker they write through the prefixed one.
+            rebind_log_handlers({key: getattr(sys, name) for key, name in caller.items()})
         die_with_parent()
         if threading.current_thread() is threading.main_thread():
             # The stop button or Ctrl-C must end a worker at once, even inside a C++ collective;
