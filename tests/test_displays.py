@@ -75,3 +75,29 @@ def test_a_sink_in_a_process_the_worker_forked_sends_nothing():
     _, status = os.waitpid(pid, 0)
     relay.close()
     assert os.waitstatus_to_exitcode(status) == 0 and published == []
+
+
+def test_a_redrawn_line_goes_to_the_live_line_and_plain_lines_to_the_stream():
+    import io
+
+    from xlaunch.worker.output import PrefixedStream
+
+    shown = []
+
+    def live(text, line):
+        shown.append((text, line))
+        return line if line is not None else len({n for _, n in shown if n is None})
+
+    out = io.StringIO()
+    stream = PrefixedStream(out, "[rank 1] ", live=live)
+    stream.write("before\n")
+    for step in range(3):  # as tqdm writes: carriage return, the bar, a flush
+        stream.write(f"\rstep {step}")
+        stream.flush()
+    stream.write("\n")
+    stream.write("after\n")
+    stream.write("\rsecond bar\r")
+    stream.write("\n")
+    assert out.getvalue() == "[rank 1] before\n[rank 1] after\n"
+    assert shown[0] == ("[rank 1] step 0", None)  # a new live line
+    assert ("[rank 1] step 2", 1) in shown and shown[-1] == ("[rank 1] second bar", None)

@@ -627,3 +627,26 @@ def test_a_logging_configuration_made_before_the_launch_keeps_the_rank(tmp_path)
     for rank in (0, 1):
         assert f"[rank {rank}] INFO logged by {rank}\n" in done.stderr, done.stderr
     assert "\nINFO logged by the caller\n" in done.stderr
+
+
+def test_outside_a_kernel_print_output_is_as_before(tmp_path):
+    """Displays travel only from a kernel's workers: a script's output is untouched (no live
+    lines, carriage returns kept, every line prefixed)."""
+    done = run_script(tmp_path, """
+        import sys, xlaunch
+        def prints():
+            rank = xlaunch.ProcessState().process_index
+            print(f"line of {rank}")
+            for step in range(3):
+                sys.stdout.write(f"\\rstep {step} of {rank}")
+                sys.stdout.flush()
+            print()
+        xlaunch.notebook_launcher(prints, num_processes=2)
+    """)
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        assert f"[rank {rank}] line of {rank}\n" in done.stdout, done.stdout
+        assert f"[rank {rank}] step 0 of {rank}" in done.stdout
+        assert f"[rank {rank}] step 2 of {rank}" in done.stdout
+    lines = done.stdout.splitlines()  # universal newlines: each redraw is a line here
+    assert sum(line.startswith("[rank ") and " step " in line for line in lines) == 6, lines

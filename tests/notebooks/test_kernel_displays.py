@@ -8,6 +8,8 @@ state (`nbkernel.CellRun`). Every test here failed before displays travelled (ch
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytestmark = pytest.mark.timeout(300)
@@ -93,3 +95,30 @@ notebook_launcher(logs, num_processes=2)
     for rank in (0, 1):
         assert f"[rank {rank}] INFO train: step done by {rank}\n" in cell.stderr, cell.describe()
     kernel.run("logging.getLogger().handlers.clear()")
+
+
+def rendered_lines(text):
+    """Each line as a terminal shows it: the segments a carriage return redrew over it."""
+    return [[segment for segment in line.split("\r") if segment] for line in text.split("\n")]
+
+
+def test_text_bars_from_two_ranks_both_finish_and_never_share_a_line(kernel):
+    cell = kernel.run('''
+from tqdm import tqdm
+
+def text_bars():
+    for _ in tqdm(range(30), mininterval=0):
+        time.sleep(0.01)
+
+notebook_launcher(text_bars, num_processes=2)
+''')
+    assert cell.status == "ok", cell.describe()
+    for segments in rendered_lines(cell.stderr):
+        ranks = {re.match(r"\[rank (\d)\]", s).group(1) for s in segments
+                 if re.match(r"\[rank (\d)\]", s)}
+        assert len(ranks) <= 1, f"two ranks redraw one line: {segments}"
+    finals = [data.get("text/plain", "") for data in cell.display_states.values()]
+    finals += [segments[-1] for segments in rendered_lines(cell.stderr) if segments]
+    for rank in (0, 1):
+        assert any(text.startswith(f"[rank {rank}]") and "30/30" in text for text in finals), (
+            finals, cell.describe())

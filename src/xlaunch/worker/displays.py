@@ -19,6 +19,7 @@ from typing import Any
 from xlaunch import _compat
 
 LENGTH_BYTES = 4
+LIVE_LINE = "xlaunch-line"  # the display id of a rank's live text line (the caller adds the rank)
 
 
 class DisplaySink:
@@ -30,6 +31,7 @@ class DisplaySink:
         self._pid = os.getpid()
         self._rank = rank
         self._lock = threading.Lock()
+        self._lines = 0  # live lines this rank started
 
     def __call__(self, msg_type: str, content: dict[str, Any], metadata: dict[str, Any] | None,
                  buffers: Any = None) -> bool:
@@ -46,6 +48,19 @@ class DisplaySink:
             except OSError:  # the caller is gone: nothing can show it any more
                 pass
         return True
+
+    def live_line(self, text: str, line: int | None) -> int:
+        """Show ``text`` as live line ``line`` of this rank (a display updated in place); None
+        starts a new one (the previous keeps its last state). Returns the line's number."""
+        first = line is None
+        if line is None:
+            self._lines += 1
+            line = self._lines
+        display_id = f"{LIVE_LINE}-{line}"
+        self("display_data" if first else "update_display_data",
+             {"data": {"text/plain": text}, "metadata": {},
+              "transient": {"display_id": display_id}}, {})
+        return line
 
 
 def route_displays(fds: tuple[int, ...] | None, local_rank: int, rank: int) -> DisplaySink | None:

@@ -72,15 +72,16 @@ class Worker:
         set_variables(setup.env, attempt)
         not_interactive()
         nested.refuse_launchers()
-        route_displays(setup.display_fds, local_rank, rank)
+        sink = route_displays(setup.display_fds, local_rank, rank)
         if setup.line_prefix is not None and (world_size > 1 or setup.prefix_single):
             prefix = string.Template(setup.line_prefix).safe_substitute(
                 rank=rank, local_rank=local_rank, role_name="default")
             lock = str(launch_dir.folder) + "/output.lock"  # shared by every rank of the launch
+            live = sink.live_line if sink is not None else None
             caller = {id(sys.stdout): "stdout", id(sys.__stdout__): "stdout",
                       id(sys.stderr): "stderr", id(sys.__stderr__): "stderr"}
-            sys.stdout = PrefixedStream(sys.stdout, prefix, lock)
-            sys.stderr = PrefixedStream(sys.stderr, prefix, lock)
+            sys.stdout = PrefixedStream(sys.stdout, prefix, lock, live)
+            sys.stderr = PrefixedStream(sys.stderr, prefix, lock, live)
             # Handlers made before the launch (a notebook's basicConfig) hold the caller's
             # stream: in this worker they write through the prefixed one.
             rebind_log_handlers({key: getattr(sys, name) for key, name in caller.items()})
