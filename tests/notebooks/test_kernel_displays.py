@@ -122,3 +122,40 @@ notebook_launcher(text_bars, num_processes=2)
     for rank in (0, 1):
         assert any(text.startswith(f"[rank {rank}]") and "30/30" in text for text in finals), (
             finals, cell.describe())
+
+
+def test_a_notebook_run_by_nbclient_stores_the_finished_bar_and_the_last_display(kernel_env,
+                                                                                   tmp_path):
+    """What a saved notebook keeps (nbclient, ``store_widget_state=True``): the main-only
+    ``tqdm.auto`` bar's widget at its total, one output per display at its last state."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbkernel import CELL_TIMEOUT, KERNEL_NAME, STARTUP_TIMEOUT
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(DEFINITIONS + '''
+from tqdm.auto import tqdm
+from IPython.display import HTML, display
+
+def train():
+    state = ProcessState()
+    for _ in tqdm(range(25), disable=not state.is_local_main_process):
+        time.sleep(0.01)
+    if state.is_main_process:
+        handle = display(HTML("<i>epoch 0</i>"), display_id=True)
+        for epoch in range(1, 50):
+            handle.update(HTML(f"<i>epoch {epoch}</i>"))
+'''), nbformat.v4.new_code_cell("notebook_launcher(train, num_processes=2)")]
+    client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=CELL_TIMEOUT,
+                            startup_timeout=STARTUP_TIMEOUT, store_widget_state=True,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    with client.setup_kernel(env=kernel_env, cwd=str(tmp_path)):
+        for index, cell in enumerate(nb.cells):
+            client.execute_cell(cell, index)
+        client.set_widgets_metadata()  # what execute() does once every cell ran
+    states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    bars = [m["state"] for m in states.values()
+            if m["model_name"] in ("FloatProgressModel", "IntProgressModel")]
+    assert len(bars) == 1 and bars[0]["value"] == bars[0]["max"] == 25, states
+    html = [o for o in nb.cells[1].outputs if "text/html" in o.get("data", {})]
+    assert [o["data"]["text/html"] for o in html] == ["<i>epoch 49</i>"], nb.cells[1].outputs

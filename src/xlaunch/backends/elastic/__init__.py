@@ -58,14 +58,14 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
     port = choose_port(spec.port, spec.port_fallback, spec.master_addr,
                        loopback=plan.num_nodes == 1, owner=spec.node_rank == 0)
     launch_dir = LaunchDir.create()
+    nodes = None if spec.loopback_only else NodeRendezvous(plan, spec, port)
+    here = World(0, plan.num_processes, plan.num_processes, master_port=port)
     # In a Jupyter kernel, forked workers' displays reach the cell through the caller.
     displays = DisplayRelay.for_kernel(plan.num_processes) if spec.start_method == "fork" else None
     setup = WorkerSetup(launch_dir.folder, {**worker_variables(plan, spec), **(worker_env or {})},
                         line_prefix=spec.log_line_prefix_template or "[rank ${rank}] ",
                         prefix_single=spec.log_line_prefix_template is not None,
                         display_fds=displays.fds if displays is not None else None)
-    nodes = None if spec.loopback_only else NodeRendezvous(plan, spec, port)
-    here = World(0, plan.num_processes, plan.num_processes, master_port=port)
 
     def one_attempt(attempt: int, timeout: float | None) -> Outcome:
         def make_job(world: World) -> Job:
