@@ -101,3 +101,42 @@ def test_a_redrawn_line_goes_to_the_live_line_and_plain_lines_to_the_stream():
     assert out.getvalue() == "[rank 1] before\n[rank 1] after\n"
     assert shown[0] == ("[rank 1] step 0", None)  # a new live line
     assert ("[rank 1] step 2", 1) in shown and shown[-1] == ("[rank 1] second bar", None)
+
+
+def test_a_line_several_ranks_print_alike_shows_once_with_its_ranks():
+    from xlaunch.backends.lines import TextFolder, rank_ranges
+
+    folder = TextFolder(fold=True)
+    for rank in (2, 0, 1, 3):
+        folder.add(rank, "stdout", [(f"[rank {rank}] ", "epoch 1 done\n")], now=10.0)
+    folder.add(0, "stdout", [("[rank 0] ", "loss 0.5\n")], now=10.01)
+    folder.add(1, "stdout", [("[rank 1] ", "loss 0.6\n")], now=10.02)
+    assert folder.due(now=10.1) == []  # still within the window: others may print it too
+    assert folder.due(now=11.0) == [("stdout", "[ranks 0-3] epoch 1 done\n[rank 0] loss 0.5\n"
+                                                "[rank 1] loss 0.6\n")]
+    assert rank_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def test_folding_keeps_each_ranks_order_and_can_be_turned_off():
+    from xlaunch.backends.lines import TextFolder
+
+    folder = TextFolder(fold=True)
+    folder.add(0, "stdout", [("[rank 0] ", "a\n")], now=1.0)
+    folder.add(1, "stdout", [("[rank 1] ", "b\n"), ("[rank 1] ", "a\n")], now=1.0)
+    # rank 1 printed "a" after "b": its "b" moves before the folded "a"
+    assert folder.due(everything=True) == [("stdout", "[rank 1] b\n[ranks 0-1] a\n")]
+    shared = TextFolder(fold=True)
+    shared.add(0, "stdout", [("[rank 0] ", "a\n")], now=1.0)
+    shared.add(1, "stdout", [("[rank 1] ", "b\n")], now=1.0)
+    shared.add(2, "stdout", [("[rank 2] ", "b\n"), ("[rank 2] ", "a\n")], now=1.0)
+    # rank 2's "b" is rank 1's too: it cannot move, so rank 2's "a" does not join
+    assert shared.due(everything=True) == [
+        ("stdout", "[rank 0] a\n[ranks 1-2] b\n[rank 2] a\n")]
+    late = TextFolder(fold=True)
+    late.add(0, "stderr", [("[rank 0] ", "same\n")], now=1.0)
+    late.add(1, "stderr", [("[rank 1] ", "same\n")], now=2.0)  # not close together
+    assert late.due(everything=True) == [("stderr", "[rank 0] same\n[rank 1] same\n")]
+    off = TextFolder(fold=False)
+    off.add(0, "stdout", [("[rank 0] ", "same\n")], now=1.0)
+    off.add(1, "stdout", [("[rank 1] ", "same\n")], now=1.0)
+    assert off.due(everything=True) == [("stdout", "[rank 0] same\n[rank 1] same\n")]

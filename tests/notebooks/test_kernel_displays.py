@@ -159,3 +159,27 @@ def train():
     assert len(bars) == 1 and bars[0]["value"] == bars[0]["max"] == 25, states
     html = [o for o in nb.cells[1].outputs if "text/html" in o.get("data", {})]
     assert [o["data"]["text/html"] for o in html] == ["<i>epoch 49</i>"], nb.cells[1].outputs
+
+
+def test_a_line_both_ranks_print_alike_shows_once_unless_folding_is_off(kernel):
+    cell = kernel.run('''
+def alike():
+    rank = ProcessState().process_index
+    print("epoch 1 done")
+    print(f"loss of rank {rank}")
+    print("epoch 2 done", file=sys.stderr)
+
+notebook_launcher(alike, num_processes=2)
+''')
+    assert cell.status == "ok", cell.describe()
+    assert cell.stdout.count("epoch 1 done") == 1, cell.describe()
+    assert "[ranks 0-1] epoch 1 done\n" in cell.stdout
+    assert "[rank 0] loss of rank 0\n" in cell.stdout and "[rank 1] loss of rank 1\n" in cell.stdout
+    assert "[ranks 0-1] epoch 2 done\n" in cell.stderr, cell.describe()
+
+    off = kernel.run('os.environ["XLAUNCH_FOLD_LINES"] = "0"\n'
+                     'try:\n    notebook_launcher(alike, num_processes=2)\n'
+                     'finally:\n    del os.environ["XLAUNCH_FOLD_LINES"]')
+    assert off.status == "ok", off.describe()
+    for rank in (0, 1):
+        assert f"[rank {rank}] epoch 1 done\n" in off.stdout, off.describe()

@@ -7,7 +7,8 @@ rank's display ids get the rank (two ranks' bars never update each other's). Bur
 an update of a display or a widget's state waits in a queue where a later one replaces (or, for a
 widget, merges into) it, and the queue is published at most every `FLUSH_S` seconds, so a bar
 updated 10,000 times a second costs the cell a few messages a second; its last state is always
-published. `close` returns once everything the workers sent is published.
+published. The workers' text comes the same way (`lines.TextFolder`: lines several ranks print
+alike shown once). `close` returns once everything the workers sent is published.
 """
 
 from __future__ import annotations
@@ -16,21 +17,24 @@ import contextlib
 import pickle
 import selectors
 import socket
+import sys
 import threading
 import time
 import warnings
 from typing import Any
 
 from xlaunch import _compat
-from xlaunch.worker.displays import LENGTH_BYTES
+from xlaunch.backends.lines import TextFolder
+from xlaunch.worker.displays import LENGTH_BYTES, TEXT
 
 FLUSH_S = 0.2
 DRAIN_LIMIT_S = 10.0  # at the end: a stray process still writing cannot hold the launch
 
 
 class DisplayRelay:
-    def __init__(self, publish: Any, local_ranks: int) -> None:
+    def __init__(self, publish: Any, local_ranks: int, fold: bool = True) -> None:
         self._publish = publish
+        self._text = TextFolder(fold)
         self._pairs = [socket.socketpair() for _ in range(local_ranks)]
         self.fds = tuple(writer.fileno() for _, writer in self._pairs)
         self._wake, self._waker = socket.socketpair()
@@ -41,9 +45,9 @@ class DisplayRelay:
         self._thread.start()
 
     @classmethod
-    def for_kernel(cls, local_ranks: int) -> DisplayRelay | None:
+    def for_kernel(cls, local_ranks: int, fold: bool) -> DisplayRelay | None:
         publish = _compat.kernel_publisher()
-        return cls(publish, local_ranks) if publish is not None else None
+        return cls(publish, local_ranks, fold) if publish is not None else None
 
     def close(self) -> None:
         """Every worker has ended: publish what they sent, then free the sockets."""
@@ -65,13 +69,17 @@ class DisplayRelay:
         next_flush = time.monotonic() + FLUSH_S
         try:
             while True:
-                wait = max(0.0, next_flush - time.monotonic()) if self._queue else None
+                deadlines = [t for t in (next_flush if self._queue else None,
+                                         self._text.next_due()) if t is not None]
+                wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
                 for key, _ in selector.select(wait):
                     if key.data is None:
                         self._drain()
+                        self._show_text(everything=True)
                         self._flush()
                         return
                     self._read(key.data)
+                self._show_text()
                 if self._queue and time.monotonic() >= next_flush:
                     self._flush()
                     next_flush = time.monotonic() + FLUSH_S
@@ -106,8 +114,21 @@ class DisplayRelay:
                 self._queue_message(*pickle.loads(frame))
         return True
 
+    def _show_text(self, everything: bool = False) -> None:
+        due = self._text.due(everything=everything)
+        if not due:
+            return
+        for stream in (sys.stdout, sys.stderr):  # what the caller printed first shows first
+            with contextlib.suppress(Exception):
+                stream.flush()
+        for name, text in due:
+            self._send("stream", {"name": name, "text": text}, {}, [])
+
     def _queue_message(self, rank: int, msg_type: str, content: dict[str, Any],
                        metadata: dict[str, Any] | None, buffers: list[bytes]) -> None:
+        if msg_type == TEXT:
+            self._text.add(rank, content["name"], content["pieces"])
+            return
         content = own_display_id(content, rank)
         key = update_key(msg_type, content, buffers)
         entry = self._pending.get(key) if key is not None else None
@@ -125,11 +146,15 @@ class DisplayRelay:
     def _flush(self) -> None:
         queue, self._queue, self._pending = self._queue, [], {}
         for _, msg_type, content, metadata, buffers in queue:
-            try:
-                self._publish(msg_type, content, metadata, buffers)
-            except Exception as error:  # the cell must still get the rest
-                warnings.warn(f"xlaunch: a worker's {msg_type} could not be shown: "
-                                      f"{error}", RuntimeWarning, stacklevel=1)
+            self._send(msg_type, content, metadata, buffers)
+
+    def _send(self, msg_type: str, content: dict[str, Any], metadata: dict[str, Any] | None,
+              buffers: list[bytes]) -> None:
+        try:
+            self._publish(msg_type, content, metadata, buffers)
+        except Exception as error:  # the cell must still get the rest
+            warnings.warn(f"xlaunch: a worker's {msg_type} could not be shown: {error}",
+                          RuntimeWarning, stacklevel=1)
 
 
 def own_display_id(content: dict[str, Any], rank: int) -> dict[str, Any]:

@@ -4,8 +4,9 @@ The caller makes one socket pair per local rank before any worker starts (`backe
 and hands each worker its end's descriptor. In the worker, the kernel's session sends what it
 would have sent (and dropped: a forked process may not use the kernel's sockets) down that socket
 instead: display_data, update_display_data, clear_output, comm_open/comm_msg/comm_close (hence
-ipywidgets and ``tqdm.auto`` bars). Each message is one frame: 4 bytes of length, then a pickle of
-``(rank, msg_type, content, metadata, buffers)``.
+ipywidgets and ``tqdm.auto`` bars); and the rank's prefixed stdout/stderr pieces
+(`output.PrefixedStream`), which the caller folds and shows. Each message is one frame: 4 bytes
+of length, then a pickle of ``(rank, msg_type, content, metadata, buffers)``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from xlaunch import _compat
 
 LENGTH_BYTES = 4
+TEXT = "xlaunch_text"  # a rank's stream output, for the caller to fold and show
 LIVE_LINE = "xlaunch-line"  # the display id of a rank's live text line (the caller adds the rank)
 
 
@@ -61,6 +63,13 @@ class DisplaySink:
              {"data": {"text/plain": text}, "metadata": {},
               "transient": {"display_id": display_id}}, {})
         return line
+
+
+    def lines(self, name: str) -> Any:
+        """What stream ``name`` of this rank writes, sent to the caller (`PrefixedStream`)."""
+        def send(pieces: list[tuple[str, str]]) -> None:
+            self(TEXT, {"name": name, "pieces": pieces}, None)
+        return send
 
 
 def route_displays(fds: tuple[int, ...] | None, local_rank: int, rank: int) -> DisplaySink | None:

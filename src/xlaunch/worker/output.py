@@ -14,6 +14,8 @@ from typing import Any
 
 # (text, live line number or None for a new one) -> that line's number
 LiveLine = Callable[[str, "int | None"], int]
+# [(prefix or "", text)]: pieces of this stream's output, whole lines but for the last
+Lines = Callable[[list[tuple[str, str]]], None]
 
 LINE_ENDS = ("\n", "\r")
 _AFTER_LINE_END = re.compile(r"(?<=[\r\n])")
@@ -35,11 +37,12 @@ class PrefixedStream(io.TextIOBase):
     With ``live`` (a worker of a Jupyter kernel) a line redrawn with carriage returns (a text
     progress bar) does not go to the stream, where another rank's redraws would overwrite it:
     each state goes to ``live``, this rank's own line in the cell, updated in place; its last
-    state stays there once the line ends.
+    state stays there once the line ends. With ``lines`` too, the rest goes to ``lines``, not to
+    the stream: the caller folds what several ranks print alike and shows it.
     """
 
     def __init__(self, stream: Any, prefix: str, lock_path: str | None = None,
-                 live: LiveLine | None = None) -> None:
+                 live: LiveLine | None = None, lines: Lines | None = None) -> None:
         self._stream = stream
         self._prefix = prefix
         self._pending: list[str] = []
@@ -53,6 +56,7 @@ class PrefixedStream(io.TextIOBase):
         self._live_line: int | None = None  # the live line this stream is redrawing
         self._redrawing = False  # the current line began after a carriage return
         self._live_text = ""  # the current line's text so far, when redrawing
+        self._lines = lines if live is not None else None
 
     def write(self, text: str) -> int:
         if self._live is not None:
@@ -74,6 +78,10 @@ class PrefixedStream(io.TextIOBase):
             self._live_text += pending
             self._show(self._live_text)
             pending = ""
+        if pending and self._lines is not None:
+            self._lines([(self._start(pending), pending)])
+            self._line_started = True
+            pending = ""
         with self._held():
             if pending:
                 self._stream.write(self._start(pending) + pending)
@@ -87,10 +95,10 @@ class PrefixedStream(io.TextIOBase):
             self._pending.append(text)
             return len(text)
         head, self._pending = "".join([*self._pending, text[:last_end + 1]]), [text[last_end + 1:]]
-        out = []
+        out: list[tuple[str, str]] = []
         for piece in _pieces(head):
             if self._line_started and not self._redrawing:  # the line's start went out already
-                out.append(piece)
+                out.append(("", piece))
                 self._line_started = piece[-1] not in LINE_ENDS
                 continue
             line = self._live_text + piece[:-1]
@@ -104,10 +112,12 @@ class PrefixedStream(io.TextIOBase):
                     self._show(line)
                 self._redrawing, self._live_line = False, None
             else:
-                out.append(self._start(piece) + piece)
-        if out:
+                out.append((self._start(piece), piece))
+        if out and self._lines is not None:
+            self._lines(out)
+        elif out:
             with self._held():
-                self._stream.write("".join(out))
+                self._stream.write("".join(prefix + piece for prefix, piece in out))
                 self._stream.flush()
         return len(text)
 

@@ -80,8 +80,10 @@ class Worker:
             live = sink.live_line if sink is not None else None
             caller = {id(sys.stdout): "stdout", id(sys.__stdout__): "stdout",
                       id(sys.stderr): "stderr", id(sys.__stderr__): "stderr"}
-            sys.stdout = PrefixedStream(sys.stdout, prefix, lock, live)
-            sys.stderr = PrefixedStream(sys.stderr, prefix, lock, live)
+            sys.stdout = PrefixedStream(sys.stdout, prefix, lock, live,
+                                        sink.lines("stdout") if sink is not None else None)
+            sys.stderr = PrefixedStream(sys.stderr, prefix, lock, live,
+                                        sink.lines("stderr") if sink is not None else None)
             # Handlers made before the launch (a notebook's basicConfig) hold the caller's
             # stream: in this worker they write through the prefixed one.
             rebind_log_handlers({key: getattr(sys, name) for key, name in caller.items()})

@@ -32,6 +32,7 @@ from xlaunch.backends.displays import DisplayRelay
 from xlaunch.backends.elastic.attempt import DistAttempt
 from xlaunch.backends.elastic.job import Job, World
 from xlaunch.backends.elastic.rendezvous import NodeRendezvous
+from xlaunch.backends.lines import FOLD_ENV
 from xlaunch.backends.ports import choose_port
 from xlaunch.backends.supervise import run_attempt, run_attempts, signals_deferred
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
@@ -61,7 +62,9 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
     nodes = None if spec.loopback_only else NodeRendezvous(plan, spec, port)
     here = World(0, plan.num_processes, plan.num_processes, master_port=port)
     # In a Jupyter kernel, forked workers' displays reach the cell through the caller.
-    displays = DisplayRelay.for_kernel(plan.num_processes) if spec.start_method == "fork" else None
+    fold = spec.log_line_prefix_template is None and os.environ.get(FOLD_ENV, "1") != "0"
+    displays = (DisplayRelay.for_kernel(plan.num_processes, fold) if spec.start_method == "fork"
+                else None)
     setup = WorkerSetup(launch_dir.folder, {**worker_variables(plan, spec), **(worker_env or {})},
                         line_prefix=spec.log_line_prefix_template or "[rank ${rank}] ",
                         prefix_single=spec.log_line_prefix_template is not None,
