@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 WINDOW_S = 0.25
+LOOKBACK = 64  # lines a new one is compared with: a flood of lines costs linear time
 FOLD_ENV = "XLAUNCH_FOLD_LINES"  # "0": every rank's line shows on its own
 
 
@@ -46,7 +47,7 @@ class TextFolder:
         """Join the same line of another rank, arrived within the window. The rank's own lines
         that arrived after that one (its lines alone) move before it: its order is kept."""
         lines = self._lines
-        for index in range(len(lines) - 1, -1, -1):
+        for index in range(len(lines) - 1, max(-1, len(lines) - 1 - LOOKBACK), -1):
             line = lines[index]
             if now - line.arrived > WINDOW_S:
                 return False
@@ -65,13 +66,17 @@ class TextFolder:
         stream joined."""
         now = time.monotonic() if now is None else now
         out: list[tuple[str, str]] = []
-        while self._lines and (everything or now - self._lines[0].arrived > WINDOW_S):
-            line = self._lines.pop(0)
+        count = 0
+        for line in self._lines:
+            if not everything and now - line.arrived <= WINDOW_S:
+                break
+            count += 1
             text = _prefix(line) + line.text
             if out and out[-1][0] == line.name:
                 out[-1] = (line.name, out[-1][1] + text)
             else:
                 out.append((line.name, text))
+        del self._lines[:count]
         return out
 
     def next_due(self) -> float | None:
