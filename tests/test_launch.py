@@ -609,3 +609,45 @@ def test_a_killed_launchers_directory_is_swept_by_the_next_launch(tmp_path):
         assert not leftover.exists() and mine.exists()
     finally:
         mine.rmdir()
+
+
+def test_a_logging_configuration_made_before_the_launch_keeps_the_rank(tmp_path):
+    """basicConfig in the caller: its handler holds the caller's stderr, yet every worker's log
+    line carries its rank (the handler is rebound in the worker; the caller's is untouched)."""
+    done = run_script(tmp_path, """
+        import logging, sys, xlaunch
+        logging.basicConfig(format="%(levelname)s %(message)s", level=logging.INFO)
+        def logs():
+            logging.info("logged by %d", xlaunch.ProcessState().process_index)
+        xlaunch.notebook_launcher(logs, num_processes=2)
+        assert logging.getLogger().handlers[0].stream is sys.stderr
+        logging.info("logged by the caller")
+    """)
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        assert f"[rank {rank}] INFO logged by {rank}\n" in done.stderr, done.stderr
+    assert "\nINFO logged by the caller\n" in done.stderr
+
+
+def test_outside_a_kernel_print_output_is_as_before(tmp_path):
+    """Displays travel only from a kernel's workers: a script's output is untouched (no live
+    lines, carriage returns kept, every line prefixed)."""
+    done = run_script(tmp_path, """
+        import sys, xlaunch
+        def prints():
+            rank = xlaunch.ProcessState().process_index
+            print(f"line of {rank}")
+            for step in range(3):
+                sys.stdout.write(f"\\rstep {step} of {rank}")
+                sys.stdout.flush()
+            print()
+        xlaunch.notebook_launcher(prints, num_processes=2)
+    """)
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        assert f"[rank {rank}] line of {rank}\n" in done.stdout, done.stdout
+        assert f"[rank {rank}] step 0 of {rank}" in done.stdout
+        assert f"[rank {rank}] step 2 of {rank}" in done.stdout
+    # Every piece prefixed with its own rank (a terminal may still mix two ranks' redraws on
+    # one line, as before), nothing folded.
+    assert done.stdout.count("[rank ") == 8 and "[ranks" not in done.stdout, done.stdout

@@ -162,11 +162,12 @@ def test_the_owner_check_would_see_a_signal_sent_elsewhere(tmp_path: Path) -> No
 
 def test_compat_patches_no_library_and_swaps_no_process_wide_state() -> None:
     """Every private API is read in _compat; none is written: no attribute of another module
-    assigned, no setattr, no module-level registry swapped. Two exceptions: in a worker only,
-    Lightning's "interactive" flag, which it computed from the kernel before the fork; in the
-    caller, multiprocessing's default context put back to unset when CPython's spawn preparation
-    fixed it while a launch started a process of its own explicit context (it undoes a change,
-    never makes one)."""
+    assigned, no setattr, no module-level registry swapped. Three exceptions. In a worker only:
+    Lightning's "interactive" flag, which it computed from the kernel before the fork, and the
+    send of the forked copy of the kernel's session (what the worker displays goes to the caller,
+    which the kernel's own session would drop). In the caller: multiprocessing's default context
+    put back to unset when CPython's spawn preparation fixed it while a launch started a process
+    of its own explicit context (it undoes a change, never makes one)."""
     tree = ast.parse((SRC / "_compat.py").read_text())
     writes = []
     for node in ast.walk(tree):
@@ -175,4 +176,4 @@ def test_compat_patches_no_library_and_swaps_no_process_wide_state() -> None:
         writes += [ast.unparse(t) for t in targets if isinstance(t, ast.Attribute)]
         if isinstance(node, ast.Call) and ast.unparse(node.func) in ("setattr", "delattr"):
             writes.append(ast.unparse(node))
-    assert sorted(writes) == ["default._actual_context", "module._IS_INTERACTIVE"]
+    assert sorted(writes) == ["default._actual_context", "module._IS_INTERACTIVE", "session.send"]

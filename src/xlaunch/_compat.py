@@ -261,3 +261,92 @@ def dynamo_counts() -> dict[str, Any] | None:
         "frames": int(counters.get("frames", {}).get("ok", 0)),
         "per_frame": dict(per_frame) if isinstance(per_frame, dict) else {},
     }
+
+
+# --- Jupyter: what a forked worker displays ----------------------------------------------------
+# ipykernel 7.4.0 (checked: the notebook tier), ipykernel/ipkernel.py: the kernel's ``session``
+# (a jupyter_client ``Session``) is the one ``shell.display_pub`` (display_data,
+# update_display_data, clear_output: zmqshell.py ``ZMQDisplayPublisher``) and every comm
+# (comm_open/comm_msg/comm_close: ipykernel/comm/comm.py ``publish_msg``) send through, as
+# ``session.send(socket, msg_or_type, content, parent, ident, buffers, track, header, metadata)``.
+# jupyter_client/session.py ``Session.send`` drops whatever a forked process sends ("attempted to
+# send message from fork"). In a forked worker xlaunch replaces ``send`` on that one session
+# object (the worker's copy: the kernel's own is untouched) so those messages go to the caller.
+# ``kernel.iopub_socket`` takes sends from any thread (ipykernel/iostream.py BackgroundSocket);
+# ``kernel.get_parent("shell")`` (ipykernel >= 6) is the request the launching cell made.
+ROUTED_MESSAGES = frozenset({"display_data", "update_display_data", "clear_output",
+                             "comm_open", "comm_msg", "comm_close"})
+# (msg_type, content, metadata, buffers) -> True when taken
+MessageSink = Any
+
+
+def _running_kernel() -> Any:
+    """The ipykernel kernel this process runs (or was forked from); None outside a kernel."""
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    shell = get_ipython() if get_ipython is not None else None
+    return getattr(shell, "kernel", None) if shell is not None else None
+
+
+def kernel_publisher() -> Any:
+    """In a Jupyter kernel: ``publish(msg_type, content, metadata, buffers)`` on its iopub channel
+    under the request running now (the launching cell); None anywhere else."""
+    kernel = _running_kernel()
+    if kernel is None:
+        return None
+    session = getattr(kernel, "session", None)
+    iopub = getattr(kernel, "iopub_socket", None)
+    get_parent = getattr(kernel, "get_parent", None)
+    if session is None or iopub is None or get_parent is None or not hasattr(session, "send"):
+        _loud("kernel-iopub", "this ipykernel has no session/iopub_socket/get_parent (checked on "
+              "ipykernel 7.4); what workers display (display(), widgets, tqdm.auto bars) is "
+              "dropped: use text output (from tqdm import tqdm)")
+        return None
+    parent = get_parent("shell")
+
+    def publish(msg_type: str, content: dict[str, Any], metadata: dict[str, Any] | None,
+                buffers: list[bytes] | None) -> None:
+        topic = (f"comm-{content.get('comm_id')}" if msg_type.startswith("comm_")
+                 else "display_data").encode()
+        session.send(iopub, msg_type, content, parent=parent, ident=topic,
+                     metadata=metadata or {}, buffers=buffers or None)
+
+    return publish
+
+
+def route_kernel_messages(sink: MessageSink) -> bool:
+    """In a forked worker of a kernel: displays and comm messages go to ``sink``, not the
+    kernel's sockets. False (and a loud warning) where this ipykernel differs."""
+    kernel = _running_kernel()
+    if kernel is None:
+        return False
+    shell = getattr(kernel, "shell", None)
+    sessions = {id(s): s for s in (getattr(kernel, "session", None),
+                                   getattr(getattr(shell, "display_pub", None), "session", None))
+                if s is not None and hasattr(s, "send")}
+    if not sessions:
+        _loud("kernel-session", "this ipykernel's kernel has no session (checked on ipykernel "
+              "7.4); what workers display (display(), widgets, tqdm.auto bars) is dropped: use "
+              "text output (from tqdm import tqdm)")
+        return False
+    for session in sessions.values():
+        session.send = _routed(session.send, sink)
+    return True
+
+
+def _routed(original: Any, sink: MessageSink) -> Any:
+    def send(stream: Any, msg_or_type: Any, content: Any = None, parent: Any = None,
+             ident: Any = None, buffers: Any = None, track: bool = False, header: Any = None,
+             metadata: Any = None) -> Any:
+        if isinstance(msg_or_type, dict):
+            msg_type = msg_or_type.get("header", {}).get("msg_type")
+            content, metadata = msg_or_type.get("content"), msg_or_type.get("metadata")
+            buffers = buffers or msg_or_type.get("buffers")
+        else:
+            msg_type = msg_or_type
+        if msg_type in ROUTED_MESSAGES and sink(msg_type, content or {}, metadata, buffers):
+            return None
+        return original(stream, msg_or_type, content, parent, ident, buffers, track, header,
+                        metadata)
+
+    return send

@@ -56,6 +56,10 @@ class CellRun:
     results: list[str] = field(default_factory=list)  # text/plain of execute_result outputs
     displays: list[dict[str, Any]] = field(default_factory=list)  # display_data: mime type -> data
     error: dict[str, Any] | None = None  # ename, evalue, traceback
+    # What a frontend keeps: each display id's last data (display_data, then its updates), and
+    # each widget's state (comm_open, then its "update" messages), as a notebook stores them.
+    display_states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    widget_states: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def output(self) -> str:
@@ -119,6 +123,17 @@ class Kernel:
                 run.results.append(content["data"].get("text/plain", ""))
             elif kind == "display_data":
                 run.displays.append(content["data"])
+                display_id = content.get("transient", {}).get("display_id")
+                if display_id is not None:
+                    run.display_states[display_id] = content["data"]
+            elif kind == "update_display_data":
+                display_id = content.get("transient", {}).get("display_id")
+                if display_id in run.display_states:
+                    run.display_states[display_id] = content["data"]
+            elif kind in ("comm_open", "comm_msg"):
+                state = content.get("data", {}).get("state")
+                if isinstance(state, dict):
+                    run.widget_states.setdefault(content["comm_id"], {}).update(state)
             elif kind == "error":
                 run.error = content
 

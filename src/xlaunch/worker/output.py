@@ -9,8 +9,13 @@ import io
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+
+# (text, live line number or None for a new one) -> that line's number
+LiveLine = Callable[[str, "int | None"], int]
+# [(prefix or "", text)]: pieces of this stream's output, whole lines but for the last
+Lines = Callable[[list[tuple[str, str]]], None]
 
 LINE_ENDS = ("\n", "\r")
 _AFTER_LINE_END = re.compile(r"(?<=[\r\n])")
@@ -28,9 +33,16 @@ class PrefixedStream(io.TextIOBase):
     an advisory lock on it, so lines of any length arrive whole. It is a full text stream:
     ``buffer`` (bytes, decoded and prefixed alike), ``reconfigure``, ``name``, ``line_buffering``…
     come from the stream it wraps.
+
+    With ``live`` (a worker of a Jupyter kernel) a line redrawn with carriage returns (a text
+    progress bar) does not go to the stream, where another rank's redraws would overwrite it:
+    each state goes to ``live``, this rank's own line in the cell, updated in place; its last
+    state stays there once the line ends. With ``lines`` too, the rest goes to ``lines``, not to
+    the stream: the caller folds what several ranks print alike and shows it.
     """
 
-    def __init__(self, stream: Any, prefix: str, lock_path: str | None = None) -> None:
+    def __init__(self, stream: Any, prefix: str, lock_path: str | None = None,
+                 live: LiveLine | None = None, lines: Lines | None = None) -> None:
         self._stream = stream
         self._prefix = prefix
         self._pending: list[str] = []
@@ -40,8 +52,15 @@ class PrefixedStream(io.TextIOBase):
         self._lock_pid = 0
         self._threads = threading.Lock()
         self._buffer: PrefixedBuffer | None = None
+        self._live = live
+        self._live_line: int | None = None  # the live line this stream is redrawing
+        self._redrawing = False  # the current line began after a carriage return
+        self._live_text = ""  # the current line's text so far, when redrawing
+        self._lines = lines if live is not None else None
 
     def write(self, text: str) -> int:
+        if self._live is not None:
+            return self._write_live(text)
         last_end = max(text.rfind("\n"), text.rfind("\r"))
         if last_end < 0:
             self._pending.append(text)
@@ -55,11 +74,56 @@ class PrefixedStream(io.TextIOBase):
     def flush(self) -> None:
         pending = "".join(self._pending)
         self._pending = []
+        if pending and self._live is not None and self._redrawing:
+            self._live_text += pending
+            self._show(self._live_text)
+            pending = ""
+        if pending and self._lines is not None:
+            self._lines([(self._start(pending), pending)])
+            self._line_started = True
+            pending = ""
         with self._held():
             if pending:
                 self._stream.write(self._start(pending) + pending)
                 self._line_started = True
             self._stream.flush()
+
+    def _write_live(self, text: str) -> int:
+        """Lines as `write`, but a redrawn line's states go to the live line."""
+        last_end = max(text.rfind("\n"), text.rfind("\r"))
+        if last_end < 0:
+            self._pending.append(text)
+            return len(text)
+        head, self._pending = "".join([*self._pending, text[:last_end + 1]]), [text[last_end + 1:]]
+        out: list[tuple[str, str]] = []
+        for piece in _pieces(head):
+            if self._line_started and not self._redrawing:  # the line's start went out already
+                out.append(("", piece))
+                self._line_started = piece[-1] not in LINE_ENDS
+                continue
+            line = self._live_text + piece[:-1]
+            self._live_text = ""
+            if piece[-1] == "\r":
+                if line:
+                    self._show(line)
+                self._redrawing = True
+            elif self._redrawing or self._live_line is not None:
+                if line:
+                    self._show(line)
+                self._redrawing, self._live_line = False, None
+            else:
+                out.append((self._start(piece), piece))
+        if out and self._lines is not None:
+            self._lines(out)
+        elif out:
+            with self._held():
+                self._stream.write("".join(prefix + piece for prefix, piece in out))
+                self._stream.flush()
+        return len(text)
+
+    def _show(self, line: str) -> None:
+        assert self._live is not None
+        self._live_line = self._live(self._prefix + line, self._live_line)
 
     def _start(self, piece: str) -> str:
         """The prefix this piece needs: none mid-line, none for a bare line end (a progress
@@ -179,3 +243,26 @@ class PrefixedBuffer(io.BufferedIOBase):
 def _pieces(text: str) -> list[str]:
     """Split after every line end, in one pass; ``text`` ends with a line end."""
     return [piece for piece in _AFTER_LINE_END.split(text) if piece]
+
+
+def rebind_log_handlers(streams: dict[int, Any]) -> None:
+    """Logging handlers made before the launch that write to the caller's stdout or stderr
+    (``logging.basicConfig`` in the notebook) write to this worker's prefixed streams instead.
+
+    ``streams``: ``id`` of the stream a handler may hold -> the stream it writes to now. Only
+    in the worker: the caller's handlers are untouched.
+    """
+    import sys
+
+    logging = sys.modules.get("logging")
+    if logging is None:  # never imported: no handler exists yet
+        return
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            if not isinstance(handler, logging.StreamHandler) or isinstance(
+                    handler, logging.FileHandler):
+                continue
+            target = streams.get(id(handler.stream))
+            if target is not None:
+                handler.setStream(target)

@@ -28,6 +28,7 @@ from xlaunch._compat import dynamo_counts
 from xlaunch.names import RESTART_VAR, WORKER_VAR, WORKER_VARS, WORLD_VAR
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.worker import nested, process_tree
+from xlaunch.worker.displays import route_displays
 from xlaunch.worker.hints import hint_for
 from xlaunch.worker.launch_dir import (
     STACK_SIGNAL,
@@ -38,7 +39,7 @@ from xlaunch.worker.launch_dir import (
     write_pid,
 )
 from xlaunch.worker.measure import dynamo_since, write_rank_report
-from xlaunch.worker.output import PrefixedStream
+from xlaunch.worker.output import PrefixedStream, rebind_log_handlers
 from xlaunch.worker.value import ValueNotSent, write_value
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -53,6 +54,8 @@ class WorkerSetup:
     line_prefix: str | None = None  # a template (${rank}, ${local_rank}); None: no prefix
     prefix_single: bool = False  # prefix even when the world is one process (a user template)
     tree: process_tree.TreeTicket | None = None
+    # A kernel's forked workers: each local rank's socket to the caller for what it displays
+    display_fds: tuple[int, ...] | None = None
 
 
 class Worker:
@@ -76,12 +79,21 @@ class Worker:
         set_variables(setup.env, attempt)
         not_interactive()
         nested.refuse_launchers()
+        sink = route_displays(setup.display_fds, local_rank, rank)
         if setup.line_prefix is not None and (world_size > 1 or setup.prefix_single):
             prefix = string.Template(setup.line_prefix).safe_substitute(
                 rank=rank, local_rank=local_rank, role_name="default")
             lock = str(launch_dir.folder) + "/output.lock"  # shared by every rank of the launch
-            sys.stdout = PrefixedStream(sys.stdout, prefix, lock)
-            sys.stderr = PrefixedStream(sys.stderr, prefix, lock)
+            live = sink.live_line if sink is not None else None
+            caller = {id(sys.stdout): "stdout", id(sys.__stdout__): "stdout",
+                      id(sys.stderr): "stderr", id(sys.__stderr__): "stderr"}
+            sys.stdout = PrefixedStream(sys.stdout, prefix, lock, live,
+                                        sink.lines("stdout") if sink is not None else None)
+            sys.stderr = PrefixedStream(sys.stderr, prefix, lock, live,
+                                        sink.lines("stderr") if sink is not None else None)
+            # Handlers made before the launch (a notebook's basicConfig) hold the caller's
+            # stream: in this worker they write through the prefixed one.
+            rebind_log_handlers({key: getattr(sys, name) for key, name in caller.items()})
         die_with_parent()
         if threading.current_thread() is threading.main_thread():
             # The stop button or Ctrl-C must end a worker at once, even inside a C++ collective;

@@ -28,9 +28,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from xlaunch.backends.displays import DisplayRelay
 from xlaunch.backends.elastic.attempt import DistAttempt
 from xlaunch.backends.elastic.job import Job, World
 from xlaunch.backends.elastic.rendezvous import NodeRendezvous
+from xlaunch.backends.lines import FOLD_ENV
 from xlaunch.backends.ports import choose_port
 from xlaunch.backends.supervise import run_attempt, run_attempts, signals_deferred
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
@@ -57,11 +59,16 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
     port = choose_port(spec.port, spec.port_fallback, spec.master_addr,
                        loopback=plan.num_nodes == 1, owner=spec.node_rank == 0)
     launch_dir = LaunchDir.create()
-    setup = WorkerSetup(launch_dir.folder, {**worker_variables(plan, spec), **(worker_env or {})},
-                        line_prefix=spec.log_line_prefix_template or "[rank ${rank}] ",
-                        prefix_single=spec.log_line_prefix_template is not None)
     nodes = None if spec.loopback_only else NodeRendezvous(plan, spec, port)
     here = World(0, plan.num_processes, plan.num_processes, master_port=port)
+    # In a Jupyter kernel, forked workers' displays reach the cell through the caller.
+    fold = spec.log_line_prefix_template is None and os.environ.get(FOLD_ENV, "1") != "0"
+    displays = (DisplayRelay.for_kernel(plan.num_processes, fold) if spec.start_method == "fork"
+                else None)
+    setup = WorkerSetup(launch_dir.folder, {**worker_variables(plan, spec), **(worker_env or {})},
+                        line_prefix=spec.log_line_prefix_template or "[rank ${rank}] ",
+                        prefix_single=spec.log_line_prefix_template is not None,
+                        display_fds=displays.fds if displays is not None else None)
 
     def one_attempt(attempt: int, timeout: float | None) -> Outcome:
         def make_job(world: World) -> Job:
@@ -83,6 +90,8 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
         return run_attempts(spec.max_restarts, plan.timeout, one_attempt)
     finally:
         with signals_deferred():
+            if displays is not None:  # every worker has ended: what they sent is shown, then freed
+                displays.close()
             if nodes is not None:
                 nodes.close()
             launch_dir.remove()

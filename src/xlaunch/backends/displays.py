@@ -1,0 +1,178 @@
+"""The caller's side of workers' displays: read what each rank sent, publish it in the cell.
+
+Made only when the caller is a Jupyter kernel and the workers are forked (`worker.displays` is
+the workers' side). One thread reads every rank's socket and publishes on the kernel's iopub
+channel under the launching cell's request, as if the function had displayed it there. Each
+rank's display ids get the rank (two ranks' bars never update each other's). Bursts are folded:
+an update of a display or a widget's state waits in a queue where a later one replaces (or, for a
+widget, merges into) it, and the queue is published at most every `FLUSH_S` seconds, so a bar
+updated 10,000 times a second costs the cell a few messages a second; its last state is always
+published. The workers' text comes the same way (`lines.TextFolder`: lines several ranks print
+alike shown once). `close` returns once everything the workers sent is published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import selectors
+import socket
+import sys
+import threading
+import time
+import warnings
+from typing import Any
+
+from xlaunch import _compat
+from xlaunch.backends.lines import TextFolder
+from xlaunch.worker.displays import LENGTH_BYTES, TEXT
+
+FLUSH_S = 0.2
+DRAIN_LIMIT_S = 10.0  # at the end: a stray process still writing cannot hold the launch
+
+
+class DisplayRelay:
+    def __init__(self, publish: Any, local_ranks: int, fold: bool = True) -> None:
+        self._publish = publish
+        self._text = TextFolder(fold)
+        self._pairs = [socket.socketpair() for _ in range(local_ranks)]
+        self.fds = tuple(writer.fileno() for _, writer in self._pairs)
+        self._wake, self._waker = socket.socketpair()
+        self._queue: list[list[Any]] = []  # [key, msg_type, content, metadata, buffers]
+        self._pending: dict[Any, list[Any]] = {}  # key -> its entry in the queue
+        self._inbox = [bytearray() for _ in self._pairs]
+        self._thread = threading.Thread(target=self._loop, name="xlaunch-displays", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def for_kernel(cls, local_ranks: int, fold: bool) -> DisplayRelay | None:
+        publish = _compat.kernel_publisher()
+        return cls(publish, local_ranks, fold) if publish is not None else None
+
+    def close(self) -> None:
+        """Every worker has ended: publish what they sent, then free the sockets."""
+        with contextlib.suppress(OSError):
+            self._waker.send(b"x")
+        self._thread.join()
+        for pair in (*self._pairs, (self._wake, self._waker)):
+            for end in pair:
+                end.close()
+
+    # --- in the relay's thread ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        selector = selectors.DefaultSelector()
+        for index, (reader, _) in enumerate(self._pairs):
+            reader.setblocking(False)
+            selector.register(reader, selectors.EVENT_READ, index)
+        selector.register(self._wake, selectors.EVENT_READ, None)
+        next_flush = time.monotonic() + FLUSH_S
+        try:
+            while True:
+                deadlines = [t for t in (next_flush if self._queue else None,
+                                         self._text.next_due()) if t is not None]
+                wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+                for key, _ in selector.select(wait):
+                    if key.data is None:
+                        self._drain()
+                        self._show_text(everything=True)
+                        self._flush()
+                        return
+                    self._read(key.data)
+                self._show_text()
+                if self._queue and time.monotonic() >= next_flush:
+                    self._flush()
+                    next_flush = time.monotonic() + FLUSH_S
+        finally:
+            selector.close()
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + DRAIN_LIMIT_S
+        for index in range(len(self._pairs)):
+            while self._read(index) and time.monotonic() < deadline:
+                pass
+
+    def _read(self, index: int) -> bool:
+        """What rank ``index`` sent so far, queued; False once nothing more is waiting."""
+        try:
+            data = self._pairs[index][0].recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return False
+        if not data:
+            return False
+        inbox = self._inbox[index]
+        inbox += data
+        while len(inbox) >= LENGTH_BYTES:
+            size = int.from_bytes(inbox[:LENGTH_BYTES], "big")
+            if len(inbox) < LENGTH_BYTES + size:
+                break
+            frame = bytes(inbox[LENGTH_BYTES:LENGTH_BYTES + size])
+            del inbox[:LENGTH_BYTES + size]
+            with contextlib.suppress(Exception):  # one bad frame never stops the others
+                self._queue_message(*pickle.loads(frame))
+        return True
+
+    def _show_text(self, everything: bool = False) -> None:
+        due = self._text.due(everything=everything)
+        if not due:
+            return
+        for stream in (sys.stdout, sys.stderr):  # what the caller printed first shows first
+            with contextlib.suppress(Exception):
+                stream.flush()
+        for name, text in due:
+            self._send("stream", {"name": name, "text": text}, {}, [])
+
+    def _queue_message(self, rank: int, msg_type: str, content: dict[str, Any],
+                       metadata: dict[str, Any] | None, buffers: list[bytes]) -> None:
+        if msg_type == TEXT:
+            self._text.add(rank, content["name"], content["pieces"])
+            return
+        content = own_display_id(content, rank)
+        key = update_key(msg_type, content, buffers)
+        entry = self._pending.get(key) if key is not None else None
+        if entry is None:
+            entry = [key, msg_type, content, metadata, buffers]
+            self._queue.append(entry)
+            if key is not None:
+                self._pending[key] = entry
+        elif msg_type == "comm_msg":  # a widget's state: later values win, key by key
+            state = {**entry[2]["data"].get("state", {}), **content["data"].get("state", {})}
+            entry[2] = {**content, "data": {**content["data"], "state": state}}
+        else:
+            entry[2], entry[3] = content, metadata
+
+    def _flush(self) -> None:
+        queue, self._queue, self._pending = self._queue, [], {}
+        for _, msg_type, content, metadata, buffers in queue:
+            self._send(msg_type, content, metadata, buffers)
+
+    def _send(self, msg_type: str, content: dict[str, Any], metadata: dict[str, Any] | None,
+              buffers: list[bytes]) -> None:
+        try:
+            self._publish(msg_type, content, metadata, buffers)
+        except Exception as error:  # the cell must still get the rest
+            warnings.warn(f"xlaunch: a worker's {msg_type} could not be shown: {error}",
+                          RuntimeWarning, stacklevel=1)
+
+
+def own_display_id(content: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The rank's own display id: two ranks' ``display_id`` never name the same output."""
+    transient = content.get("transient")
+    if not isinstance(transient, dict) or "display_id" not in transient:
+        return content
+    return {**content, "transient": {**transient,
+                                     "display_id": f"{transient['display_id']}-rank{rank}"}}
+
+
+def update_key(msg_type: str, content: dict[str, Any], buffers: list[bytes]) -> Any:
+    """What a message updates in place (a later one may replace it); None: it must go as is."""
+    if msg_type == "update_display_data":
+        return ("display", content.get("transient", {}).get("display_id"))
+    data = content.get("data")
+    if (msg_type == "comm_msg" and not buffers and isinstance(data, dict)
+            and data.get("method") == "update" and not data.get("buffer_paths")
+            and isinstance(data.get("state"), dict)):
+        return ("comm", content.get("comm_id"))
+    return None
