@@ -265,6 +265,25 @@ def test_named_port_taken_is_an_error_naming_it():
             notebook_launcher(master_port, num_processes=2, use_port=str(port))
 
 
+def test_a_port_whose_last_connection_waits_in_time_wait_is_free_for_a_rerun():
+    """A launch that just ended leaves its store's connections in TIME-WAIT; the store's own
+    listener binds with SO_REUSEADDR, so the same port is free for the next launch."""
+    from xlaunch.backends.ports import port_free
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        assert not port_free("127.0.0.1", port)  # listened on: taken
+        accepted.close()  # the side that closes first waits in TIME-WAIT on the port
+        client.close()
+    assert port_free("127.0.0.1", port)
+    assert notebook_launcher(master_port, num_processes=2, use_port=str(port)) == port
+
+
 @pytest.mark.parametrize("named", ["29500", 29500])
 def test_the_default_port_named_explicitly_and_taken_is_an_error_naming_it(named):
     # A port the user named is theirs, the default's number included: no quiet move elsewhere.

@@ -33,7 +33,11 @@ def choose_port(use_port: str | int, is_default: bool, master_addr: str, *, loop
 
 
 def port_free(host: str, port: int) -> bool:
+    """Whether a listener can bind ``port`` now. With SO_REUSEADDR, as torch's store listener
+    binds: a port whose last connections wait in TIME-WAIT (a launch that just ended) is free
+    for it; a port another socket listens on is not."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((LOOPBACK if host == "localhost" else host, port))
         except OSError:
