@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "sharing": set(),
     "stopping": set(),
     "state": {"names", "_compat", "sharing", "stopping"},
-    "detect": {"names"},
+    "detect": {"names", "_compat"},
     "plan": {"names", "detect"},
     "result": {"names"},
     "worker": {"names", "result", "state", "stopping", "_compat"},
@@ -176,3 +176,42 @@ def test_compat_patches_no_library_and_swaps_no_process_wide_state() -> None:
         if isinstance(node, ast.Call) and ast.unparse(node.func) in ("setattr", "delattr"):
             writes.append(ast.unparse(node))
     assert sorted(writes) == ["default._actual_context", "module._IS_INTERACTIVE"]
+
+
+# --- a plan that decides from what it is given --------------------------------------------------
+
+PROCESS_WIDE = {"os.environ", "os.getpid", "os.getenv", "Machine.here", "sys.modules"}
+
+
+def process_wide_reads(path: Path) -> list[str]:
+    """Reads of process-wide state in ``path``: the names above, and torch in any form."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and ast.unparse(node) in PROCESS_WIDE:
+            found.append(f"{ast.unparse(node)}:{node.lineno}")
+        elif isinstance(node, ast.Name) and node.id in ("torch", "torch_xla"):
+            found.append(f"{node.id}:{node.lineno}")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names]
+            found += [f"import {name}:{node.lineno}" for name in names
+                      if name.split(".")[0] in ("torch", "torch_xla", "torch_tpu")
+                      or name == "environ"]
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((SRC / "plan").glob("*.py")), ids=lambda p: p.name)
+def test_the_plan_reads_no_process_wide_state(path: Path) -> None:
+    """The plan reads the environment mapping, the machine's facts and the options it is given:
+    what this process did (CUDA, the XLA runtime, autograd's threads) is gathered before."""
+    assert process_wide_reads(path) == [], f"{path.name} reads process-wide state"
+
+
+def test_the_purity_check_would_see_a_read(tmp_path: Path) -> None:
+    impure = tmp_path / "impure.py"
+    impure.write_text("import os, sys\nfrom os import environ\nimport torch\n"
+                      "def f(machine):\n    os.environ.get('X'); os.getpid()\n"
+                      "    Machine.here(); sys.modules.get('torch')\n")
+    assert sorted(process_wide_reads(impure)) == sorted([
+        "import environ:2", "import torch:3", "os.environ:5", "os.getpid:5", "Machine.here:6",
+        "sys.modules:6"])
