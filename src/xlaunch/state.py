@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 from xlaunch import _compat
-from xlaunch.names import MIXED_PRECISION_VAR, RESTART_VAR, WORLD_VAR
+from xlaunch.names import DEVICE_VAR, MIXED_PRECISION_VAR, RESTART_VAR, WORLD_VAR
 from xlaunch.sharing import share_of
 
 P = ParamSpec("P")
@@ -139,23 +139,22 @@ class ProcessState:
 
     @property
     def device(self) -> Any:
-        """A ``torch.device``; on XLA the replica's own device."""
+        """A ``torch.device``: on XLA the replica's own device; in a launch, the launch's
+        accelerator (a CPU launch is on the CPU, GPUs or not); elsewhere a guess from the world."""
         world = _current_world()
         if world.kind == "xla":
             import torch_xla
 
-            if hasattr(torch_xla, "device"):
-                return torch_xla.device()
-            import torch_xla.core.xla_model as xm
-
-            return xm.xla_device()
-        if world.backend == "tpu_dist":
+            return torch_xla.device()
+        launched = os.environ.get(DEVICE_VAR)
+        if world.backend == "tpu_dist" or launched == "tpu":
             return _tpu_device()
         import torch
 
-        if world.backend == "gloo":
+        if launched == "cpu" or (launched is None and world.backend == "gloo"):
             return torch.device("cpu")
-        if world.backend == "nccl" or (world.kind != "single" and torch.cuda.is_available()):
+        if launched == "cuda" or world.backend == "nccl" or (
+                world.kind != "single" and torch.cuda.is_available()):
             return torch.device("cuda", world.local_rank)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
