@@ -59,17 +59,10 @@ def _spmd_on() -> bool:
 
 
 def _xla_world() -> _World:
-    """torch_xla.runtime where it has the answer; the xla_model names it replaced before that."""
-    import torch_xla.core.xla_model as xm
+    """The replica's place, from torch_xla.runtime (the floor, torch_xla 2.8, has it all)."""
+    import torch_xla.runtime as xr
 
-    try:
-        import torch_xla.runtime as xr
-    except ImportError:
-        xr = None
-    rank = xr.global_ordinal() if hasattr(xr, "global_ordinal") else xm.get_ordinal()
-    size = xr.world_size() if hasattr(xr, "world_size") else xm.xrt_world_size()
-    local_rank = xr.local_ordinal() if hasattr(xr, "local_ordinal") else xm.get_local_ordinal()
-    return _World("xla", rank, size, local_rank, "xla")
+    return _World("xla", xr.global_ordinal(), xr.world_size(), xr.local_ordinal(), "xla")
 
 
 def _process_group() -> Any:
