@@ -119,3 +119,20 @@ def test_the_group_of_one_ends_with_the_check():
     done = run_checks(CheckConfig(world_size=1))
     assert done["details"]["all-reduce"] == "sum 1 on every rank (gloo)"
     assert not dist.is_initialized()
+
+
+def test_the_cuda_check_script_says_there_is_nothing_to_check_without_a_gpu(tmp_path):
+    """scripts/check-cuda.sh checks the CUDA path where nvidia-smi is; elsewhere it exits 0."""
+    import shutil
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "check-cuda.sh"
+    bash = shutil.which("bash")
+    assert bash is not None
+    assert subprocess.run([bash, "-n", str(script)]).returncode == 0
+    tools = tmp_path / "bin"  # what the script needs before it looks for nvidia-smi, and no more
+    tools.mkdir()
+    (tools / "dirname").symlink_to(shutil.which("dirname"))
+    result = subprocess.run([bash, str(script)], env={"PATH": str(tools)}, capture_output=True,
+                            text=True, timeout=30)
+    assert (result.returncode, result.stdout) == (0, "no GPU: nothing to check\n"), result.stderr

@@ -8,6 +8,7 @@ option and the path, and a value of the wrong type is a TypeError naming the par
 from __future__ import annotations
 
 import inspect
+import os
 from pathlib import Path
 from typing import Any
 
@@ -287,3 +288,17 @@ def test_the_plan_reads_the_variables_it_is_given_not_the_process_s(
                       {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"})
     assert given.spec.cpu_threads == 0
     assert any("GLOO_SOCKET_IFNAME=eth0" in note for note in given.notes)
+
+
+def test_the_core_tier_launches_on_the_cpu_whatever_the_machine_has() -> None:
+    """tests/conftest.py: a core test's "2 processes" are CPU processes, GPUs present or not."""
+    assert os.environ.get("XLAUNCH_ACCELERATOR") == "cpu"
+    assert detect().accelerator == "cpu"
+
+
+@pytest.mark.any_accelerator
+def test_a_core_test_can_launch_on_whatever_the_machine_has() -> None:
+    assert os.environ.get("XLAUNCH_ACCELERATOR") == AS_STARTED  # the run's own, untouched
+
+
+AS_STARTED = os.environ.get("XLAUNCH_ACCELERATOR")  # read at import, before any fixture
