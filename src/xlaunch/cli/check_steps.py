@@ -102,8 +102,6 @@ def _reducer(state: Any) -> Callable[[Any], Any]:
             return xm.all_reduce(xm.REDUCE_SUM, tensor.to(state.device)).cpu()
 
         return xla_sum
-    if state.backend is None:
-        return lambda tensor: tensor
     import torch.distributed as dist
 
     def group_sum(tensor: Any) -> Any:
@@ -199,7 +197,7 @@ def _average_gradients(state: Any, model: Any, optimizer: Any, reduce: Callable[
         import torch_xla.core.xla_model as xm
 
         xm.optimizer_step(optimizer)
-        getattr(torch_xla, "sync", xm.mark_step)()
+        torch_xla.sync()
         return
     if state.backend is not None:
         import torch.distributed as dist
