@@ -210,10 +210,9 @@ def _machine_rows(machine: dict[str, Any]) -> dict[str, Any]:
     if gpus.driver:
         rows["nvidia driver"] = gpus.driver
     # What this process did before the launch: each decides how its workers may start.
-    for key, row in (("autograd_threads", "autograd threads started"),
-                     ("cuda_initialised", "CUDA initialised"),
-                     ("xla_runtime_initialised", "XLA runtime initialised")):
-        rows[f"{row} in this process"] = "yes" if machine.get(key) else "no"
+    for key, row in (("autograd_threads", "autograd threads"), ("cuda_initialised", "CUDA started"),
+                     ("xla_runtime_initialised", "XLA runtime")):
+        rows[row] = f"{'yes' if machine.get(key) else 'no'}, in this process"
     return rows
 
 
