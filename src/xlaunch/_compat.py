@@ -68,13 +68,9 @@ def xla_sharding_spec(tensor: Any) -> str:
 
 
 # --- Stand-ins inside a worker ------------------------------------------------------------------
-# A worker runs the user's code with a few public functions of another library standing in for
-# what that code would otherwise do in a launch's process (every name checked on the releases the
-# tiers run, where each is public: torch.distributed.init_process_group on torch 2.8-2.15;
-# torch_xla.distributed.xla_multiprocessing.spawn, torch_xla.launch and
-# torch_xla.runtime.use_spmd on torch_xla 2.8 and 2.9): a script's own process group, its own
-# ``xmp.spawn``/``torch_xla.launch``, ``use_spmd()`` in a replica without SPMD. Only in a worker's
-# own process, only while that code runs, and put back after; never in the caller.
+# Public functions a worker's own code finds standing in while it runs, put back after, never in
+# the caller: a script's torch.distributed.init_process_group (torch 2.8-2.15), its xmp.spawn and
+# torch_xla.launch, torch_xla.runtime.use_spmd in a replica without SPMD (torch_xla 2.8, 2.9).
 
 
 @contextlib.contextmanager

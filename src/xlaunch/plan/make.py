@@ -42,14 +42,12 @@ def default_start_method() -> StartMethod:
 
 def make_plan(env: Environment, options: LaunchOptions | None = None,
               machine: Machine | None = None, environ: Mapping[str, str] | None = None) -> LaunchPlan:
-    """Decide how to launch, or raise `ValueError` (`RuntimeError` for a process that cannot
-    launch: a held TPU, a device already used, a launch inside a worker) saying why.
+    """Decide how to launch, or raise `ValueError` (`RuntimeError`: a held TPU, a device this
+    process already used, a launch inside a worker) saying why.
 
-    Pure: reads ``env``, ``options``, ``machine`` (the facts `Machine.here` gathered, this
-    process's included) and ``environ`` (the caller's variables) only, none of them process-wide
-    state; binds no socket, starts no process, writes no file, so `xlaunch env` can show a plan
-    without doing any of it. Without ``machine`` or ``environ``: a machine of unknown facts, no
-    variables.
+    Pure: reads only ``env``, ``options``, ``machine`` (`Machine.here`'s facts; None: unknown) and
+    ``environ`` (the caller's variables; None: none); binds no socket, starts no process, writes
+    no file, so `xlaunch env` can show a plan without doing any of it.
     """
     options = options or LaunchOptions()
     check_values(options)
