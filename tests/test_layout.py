@@ -184,7 +184,8 @@ def test_compat_patches_no_library_and_swaps_no_process_wide_state() -> None:
 
 # --- a plan that decides from what it is given --------------------------------------------------
 
-PROCESS_WIDE = {"os.environ", "os.getpid", "os.getenv", "Machine.here", "sys.modules"}
+PROCESS_WIDE = {"os.environ", "os.getpid", "os.getenv", "Machine.here", "sys.modules", "os.path.expanduser",
+                "os.getcwd", "os.cpu_count", "os.sched_getaffinity"}
 
 
 def process_wide_reads(path: Path) -> list[str]:

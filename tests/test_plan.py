@@ -81,6 +81,8 @@ def test_the_compile_cache_is_on_by_default_on_tpu_only(tpu: Environment, tmp_pa
     xla_cpu = Environment("local", "cpu", 1, xla_device="CPU")
     assert cache(xla_cpu, elsewhere) is None  # the CPU device cannot read it back
     assert cache(xla_cpu, elsewhere, compile_cache=True) == "/elsewhere"
+    # No HOME given: the replica's own home, expanded where it sets the cache up.
+    assert cache(tpu, {}) == "~/.cache/xlaunch/xla-compile"
     assert plan(xla_cpu, compile_cache=tmp_path).spec.compile_cache == str(tmp_path)
 
 

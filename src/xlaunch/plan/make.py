@@ -216,8 +216,8 @@ def compile_cache(env: Environment, asked: bool | str | os.PathLike[str] | None,
     if asked is False or (asked is None and env.accelerator not in ("tpu", "cuda")):
         return None
     if asked is None or asked is True:
-        home = environ.get("HOME") or os.path.expanduser("~")
-        default = os.path.join(home, ".cache", "xlaunch", "xla-compile")
+        # "~" (no HOME given) is the replica's home: expanded where the cache is set up.
+        default = os.path.join(environ.get("HOME", "~"), ".cache", "xlaunch", "xla-compile")
         return environ.get(COMPILE_CACHE_VAR) or default
     return os.fspath(asked)
 
