@@ -181,8 +181,8 @@ def _prepare_process(job: Job) -> None:
 
             # Several processes writing one cache race (torch_xla's own tests give each process
             # its folder); set up before the first compilation, which would fix the cache.
-            folder = os.path.expanduser(job.compile_cache)
-            xr.initialize_cache(os.path.join(folder, f"process-{process}"))
+            cache = os.path.expanduser(job.compile_cache)
+            xr.initialize_cache(os.path.join(cache, f"process-{process}"))
 
 
 def world() -> tuple[int, int]:
