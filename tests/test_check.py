@@ -99,3 +99,40 @@ def test_training_step_counts_torch_compile_graphs(rows):
     training = json.loads(done.stdout.strip().splitlines()[-1])["training"]
     assert training["compiler"] == "torch.compile" and training["warmup_compiles"] >= 1
     assert training["steady_compiles"] == 0  # dynamo marks the growing dimension dynamic
+
+
+def test_a_one_process_check_forms_a_group_of_one_and_all_reduces_over_it():
+    """One process is the caller's own: the check forms a real process group of one there (gloo
+    on the CPU, NCCL on a GPU), so its all-reduce is the path's collective, not skipped."""
+    result = xlaunch_check("--num_processes", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {row.split()[1]: row for row in result.stdout.splitlines()[1:-1]}
+    assert "1 rank(s) started" in rows["ranks"] and "(gloo)" in rows["ranks"], rows["ranks"]
+    assert "sum 1 on every rank (gloo)" in rows["all-reduce"], rows["all-reduce"]
+
+
+def test_the_group_of_one_ends_with_the_check():
+    import torch.distributed as dist
+
+    from xlaunch.cli.check_steps import run_checks
+
+    done = run_checks(CheckConfig(world_size=1))
+    assert done["details"]["all-reduce"] == "sum 1 on every rank (gloo)"
+    assert not dist.is_initialized()
+
+
+def test_the_cuda_check_script_says_there_is_nothing_to_check_without_a_gpu(tmp_path):
+    """scripts/check-cuda.sh checks the CUDA path where nvidia-smi is; elsewhere it exits 0."""
+    import shutil
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "check-cuda.sh"
+    bash = shutil.which("bash")
+    assert bash is not None
+    assert subprocess.run([bash, "-n", str(script)]).returncode == 0
+    tools = tmp_path / "bin"  # what the script needs before it looks for nvidia-smi, and no more
+    tools.mkdir()
+    (tools / "dirname").symlink_to(shutil.which("dirname"))
+    result = subprocess.run([bash, str(script)], env={"PATH": str(tools)}, capture_output=True,
+                            text=True, timeout=30)
+    assert (result.returncode, result.stdout) == (0, "no GPU: nothing to check\n"), result.stderr

@@ -64,7 +64,8 @@ def expected_report(env: dict[str, str]) -> dict:
     """What the command should print, from the same inputs, computed here."""
     detected = detect(env)
     try:
-        plan, refusal = json.loads(json.dumps(make_plan(detected).as_dict())), None
+        plan = make_plan(detected, None, Machine.here(), env).as_dict()
+        plan, refusal = json.loads(json.dumps(plan)), None
     except ValueError as error:
         plan, refusal = None, str(error)
     return {"environment": detected.as_dict(), "plan": plan, "refusal": refusal}
@@ -382,3 +383,16 @@ def test_planning_binds_no_socket_starts_no_process_writes_no_file(which, steeri
                             env=environ(**steering), timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_env_shows_what_this_process_already_did(tmp_path) -> None:
+    """Autograd's threads, CUDA and the XLA runtime started before a launch decide how it may
+    start its workers: `xlaunch env` shows each fact the plan was given."""
+    report = env_report({}, root=fake_machine(tmp_path))
+    facts = {key: report["machine"][key] for key in
+             ("autograd_threads", "cuda_initialised", "xla_runtime_initialised")}
+    assert facts == {"autograd_threads": False, "cuda_initialised": False,
+                     "xla_runtime_initialised": False}
+    text = format_report(report)
+    for row in ("autograd threads", "CUDA started", "XLA runtime"):
+        assert re.search(rf"\n  {row}\s+no, in this process\n", text), row

@@ -111,3 +111,24 @@ def test_a_launch_after_a_compiled_backward_runs_its_workers_backward(tmp_path):
     threads = "autograd threads True" in done.stdout
     assert ("spawned, not forked" in done.stderr) == threads, done.stderr[-2000:]
     assert ("(gloo, spawn)" if threads else "(gloo, fork)") in done.stderr
+
+
+def test_a_stand_in_is_put_back_even_when_the_code_inside_raises() -> None:
+    import types
+
+    owner = types.SimpleNamespace(spawn="original")
+    with pytest.raises(KeyError):
+        with _compat.standing_in(owner, "spawn", "stand-in"):
+            assert owner.spawn == "stand-in"
+            raise KeyError("the script failed")
+    assert owner.spawn == "original"
+
+
+def test_a_stand_in_for_a_name_that_is_gone_is_said_loudly() -> None:
+    import types
+
+    owner = types.SimpleNamespace(__name__="torch_xla")
+    with pytest.warns(RuntimeWarning, match=r"torch_xla.launch is gone in this release"):
+        with _compat.standing_in(owner, "launch", "stand-in"):
+            assert not hasattr(owner, "launch")
+    assert not hasattr(owner, "launch")

@@ -133,7 +133,8 @@ def test_the_walk_finds_the_package_messages():
     fragments = [message.fragment for message in found]
     assert len(found) >= 30, [m.show() for m in found]
     assert "is not a port number" in " | ".join(fragments)  # an f-string
-    assert "CUDA was already initialised in this process" in " | ".join(fragments)  # a concatenation
+    assert "a GPU launch was asked for (XLAUNCH_ACCELERATOR=cuda) but no GPU" in " | ".join(
+        fragments)  # a concatenation
 
 
 def test_every_error_message_is_in_troubleshooting():

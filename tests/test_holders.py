@@ -14,6 +14,7 @@ from tests.fakes import fake_machine
 from xlaunch.cli.env import env_report, format_report
 from xlaunch.detect.environment import detect
 from xlaunch.detect.holders import DeviceHolder, tpu_holders
+from xlaunch.detect.machine import Machine
 from xlaunch.plan import make_plan
 
 HOLD = "import sys, time; held = open(sys.argv[2]); print('holding', flush=True); time.sleep(120)"
@@ -66,7 +67,7 @@ def test_this_process_holding_the_tpu_is_told_to_restart(tmp_path: Path) -> None
     root = tpu_host(tmp_path, tpu_chips=1, tpu_device="0x0063", dev="vfio")
     with open(Path(root) / "dev" / "vfio" / "0"):
         with pytest.raises(RuntimeError, match="That process is this one.*Restart the runtime"):
-            make_plan(detect({}, root=root))
+            make_plan(detect({}, root=root), machine=Machine.here())
 
 
 def test_nobody_holds_a_free_tpu(tmp_path: Path) -> None:

@@ -366,15 +366,19 @@ def test_spawn_start_method_runs_a_module_function():
     assert notebook_launcher(all_reduce_rank, num_processes=2, start_method="spawn") == 3.0
 
 
-def test_cuda_initialised_in_the_caller_is_refused(monkeypatch):
+def test_cuda_initialised_in_the_caller_is_a_fact_the_plan_is_given(monkeypatch):
     # No GPU exists here: stand in for CUDA's own flag, the one thing that cannot be real.
-    from xlaunch.api import run_plan
-    from xlaunch.plan import ElasticSpec, LaunchPlan
+    from xlaunch.detect import Environment, Machine
+    from xlaunch.plan import LaunchOptions, make_plan
 
+    assert not Machine.here().cuda_initialised
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    plan = LaunchPlan("cuda", 2, 2, ElasticSpec(dist_backend="nccl", start_method="fork", port=1))
-    with pytest.raises(RuntimeError, match="restart the kernel|Restart the kernel"):
-        run_plan(plan, os.getpid, ())
+    here = Machine.here()
+    assert here.cuda_initialised
+    gpus = Environment("local", "cuda", 2)
+    with pytest.raises(RuntimeError, match="start_method='fork': CUDA is already initialised"):
+        make_plan(gpus, LaunchOptions(start_method="fork"), here, {})
+    assert make_plan(gpus, LaunchOptions(), here, {}).spec.start_method == "spawn"
 
 
 def unpicklable_result():

@@ -7,6 +7,7 @@ an import against the flow, or grows a module past a sitting's read, fails here.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "sharing": set(),
     "stopping": set(),
     "state": {"names", "_compat", "sharing", "stopping"},
-    "detect": {"names"},
+    "detect": {"names", "_compat"},
     "plan": {"names", "detect"},
     "result": {"names"},
     "worker": {"names", "result", "state", "stopping", "_compat"},
@@ -162,12 +163,14 @@ def test_the_owner_check_would_see_a_signal_sent_elsewhere(tmp_path: Path) -> No
 
 def test_compat_patches_no_library_and_swaps_no_process_wide_state() -> None:
     """Every private API is read in _compat; none is written: no attribute of another module
-    assigned, no setattr, no module-level registry swapped. Three exceptions. In a worker only:
-    Lightning's "interactive" flag, which it computed from the kernel before the fork, and the
-    send of the forked copy of the kernel's session (what the worker displays goes to the caller,
-    which the kernel's own session would drop). In the caller: multiprocessing's default context
-    put back to unset when CPython's spawn preparation fixed it while a launch started a process
-    of its own explicit context (it undoes a change, never makes one)."""
+    assigned, no setattr, no module-level registry swapped. The exceptions: in a worker only,
+    Lightning's "interactive" flag, which it computed from the kernel before the fork; the send
+    of the forked copy of the kernel's session (what the worker displays goes to the caller,
+    which the kernel's own session would drop); and the public functions a worker's own code
+    finds standing in while it runs (`standing_in`: a script's process group, its xmp.spawn,
+    use_spmd in a replica), put back after. In the caller, multiprocessing's default context put
+    back to unset when CPython's spawn preparation fixed it while a launch started a process of
+    its own explicit context (it undoes a change, never makes one)."""
     tree = ast.parse((SRC / "_compat.py").read_text())
     writes = []
     for node in ast.walk(tree):
@@ -176,4 +179,116 @@ def test_compat_patches_no_library_and_swaps_no_process_wide_state() -> None:
         writes += [ast.unparse(t) for t in targets if isinstance(t, ast.Attribute)]
         if isinstance(node, ast.Call) and ast.unparse(node.func) in ("setattr", "delattr"):
             writes.append(ast.unparse(node))
-    assert sorted(writes) == ["default._actual_context", "module._IS_INTERACTIVE", "session.send"]
+    assert sorted(writes) == ["default._actual_context", "module._IS_INTERACTIVE", "session.send",
+                              "setattr(owner, name, original)", "setattr(owner, name, stand_in)"]
+
+
+# --- a plan that decides from what it is given --------------------------------------------------
+
+PROCESS_WIDE = {"os.environ", "os.getpid", "os.getenv", "Machine.here", "sys.modules", "os.path.expanduser",
+                "os.getcwd", "os.cpu_count", "os.sched_getaffinity"}
+
+
+def process_wide_reads(path: Path) -> list[str]:
+    """Reads of process-wide state in ``path``: the names above, and torch in any form."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and ast.unparse(node) in PROCESS_WIDE:
+            found.append(f"{ast.unparse(node)}:{node.lineno}")
+        elif isinstance(node, ast.Name) and node.id in ("torch", "torch_xla"):
+            found.append(f"{node.id}:{node.lineno}")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names]
+            found += [f"import {name}:{node.lineno}" for name in names
+                      if name.split(".")[0] in ("torch", "torch_xla", "torch_tpu")
+                      or name == "environ"]
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((SRC / "plan").glob("*.py")), ids=lambda p: p.name)
+def test_the_plan_reads_no_process_wide_state(path: Path) -> None:
+    """The plan reads the environment mapping, the machine's facts and the options it is given:
+    what this process did (CUDA, the XLA runtime, autograd's threads) is gathered before."""
+    assert process_wide_reads(path) == [], f"{path.name} reads process-wide state"
+
+
+def test_the_purity_check_would_see_a_read(tmp_path: Path) -> None:
+    impure = tmp_path / "impure.py"
+    impure.write_text("import os, sys\nfrom os import environ\nimport torch\n"
+                      "def f(machine):\n    os.environ.get('X'); os.getpid()\n"
+                      "    Machine.here(); sys.modules.get('torch')\n")
+    assert sorted(process_wide_reads(impure)) == sorted([
+        "import environ:2", "import torch:3", "os.environ:5", "os.getpid:5", "Machine.here:6",
+        "sys.modules:6"])
+
+
+# --- another library's private names and functions: in _compat only ---------------------------
+
+
+def _libraries_bound(tree: ast.AST) -> set[str]:
+    """Names a module binds to another library's module (not xlaunch's, not the standard
+    library's): its imports, and its ``sys.modules`` look-ups."""
+    bound = set()
+    for node in ast.walk(tree):
+        pairs: list[tuple[str, str]] = []
+        if isinstance(node, ast.Import):
+            pairs = [(alias.name, alias.asname or alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            pairs = [(node.module, alias.asname or alias.name) for alias in node.names]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            looked_up = [ast.literal_eval(inner.args[0]) for inner in ast.walk(node.value)
+                         if isinstance(inner, ast.Call) and ast.unparse(inner.func) ==
+                         "sys.modules.get" and isinstance(inner.args[0], ast.Constant)]
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            pairs = [(module, target.id) for module in looked_up for target in targets
+                     if isinstance(target, ast.Name)]
+        bound |= {name for module, name in pairs
+                  if module.split(".")[0] not in ("xlaunch", *sys.stdlib_module_names)}
+    return bound
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def private_uses_and_patches(path: Path) -> list[str]:
+    """``library._name`` reads, ``setattr``/``delattr`` calls and attribute writes on another
+    library's module in ``path``, as ``what:line``."""
+    tree = ast.parse(path.read_text())
+    libraries = _libraries_bound(tree)
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__") and _root(node.value) in libraries
+                and not isinstance(node.ctx, ast.Store)):
+            found.append(f"private {ast.unparse(node)}:{node.lineno}")
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("setattr", "delattr") \
+                and node.args and _root(node.args[0]) in libraries:
+            found.append(f"{ast.unparse(node.func)}:{node.lineno}")
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                and _root(node.value) in libraries:
+            found.append(f"write {ast.unparse(node)}:{node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(SRC)))
+def test_private_names_and_patches_of_other_libraries_are_in_compat_only(path: Path) -> None:
+    if path.name == "_compat.py":
+        return
+    assert private_uses_and_patches(path) == [], f"{path.name}: through _compat.py only"
+
+
+def test_the_compat_check_would_see_a_private_name_and_a_patch(tmp_path: Path) -> None:
+    stray = tmp_path / "stray.py"
+    stray.write_text(
+        "import sys\nimport torch_xla\nimport torch.distributed as dist\n"
+        "def f(x):\n    torch_xla._XLAC._get_xla_sharding_spec(x)\n"
+        "    setattr(torch_xla, 'launch', f)\n    dist.init_process_group = f\n"
+        "    mod = sys.modules.get('torch_xla.runtime')\n    mod.use_spmd = f\n"
+        "    sys._getframe(0); x._private; setattr(sys, 'ps1', '>')\n")
+    assert sorted(private_uses_and_patches(stray)) == sorted([
+        "private torch_xla._XLAC._get_xla_sharding_spec:5", "private torch_xla._XLAC:5",
+        "setattr:6", "write dist.init_process_group:7", "write mod.use_spmd:9"])

@@ -201,11 +201,11 @@ def test_a_preset_socket_interface_is_named_in_the_launch_line(monkeypatch, capf
 
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
     monkeypatch.setenv("XLAUNCH_ACCELERATOR", "cpu")
-    plan = make_plan(detect(), LaunchOptions(num_processes=2))
+    plan = make_plan(detect(), LaunchOptions(num_processes=2), environ=os.environ)
     assert any("GLOO_SOCKET_IFNAME=eth7" in note and "beyond loopback" in note
                for note in plan.notes)
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # loopback itself says nothing
-    plan = make_plan(detect(), LaunchOptions(num_processes=2))
+    plan = make_plan(detect(), LaunchOptions(num_processes=2), environ=os.environ)
     assert run_plan(plan, os.getpid, ()) > 0
     assert "GLOO_SOCKET_IFNAME" not in capfd.readouterr().err
 

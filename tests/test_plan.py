@@ -8,7 +8,9 @@ option and the path, and a value of the wrong type is a TypeError naming the par
 from __future__ import annotations
 
 import inspect
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,17 +69,20 @@ def test_the_tpu_path_honours_its_own_options(tpu: Environment) -> None:
     assert (spec.max_restarts, spec.compile_cache) == (2, "/data/cache")
 
 
-def test_the_compile_cache_is_on_by_default_on_tpu_only(
-        tpu: Environment, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv("XLAUNCH_COMPILE_CACHE", raising=False)
-    assert plan(tpu).spec.compile_cache == str(tmp_path / ".cache/xlaunch/xla-compile")
-    monkeypatch.setenv("XLAUNCH_COMPILE_CACHE", "/elsewhere")
-    assert plan(tpu).spec.compile_cache == "/elsewhere"
-    assert plan(tpu, compile_cache=False).spec.compile_cache is None
+def test_the_compile_cache_is_on_by_default_on_tpu_only(tpu: Environment, tmp_path: Path) -> None:
+    def cache(env: Environment, environ: dict[str, str], **options: Any) -> Any:
+        return make_plan(env, LaunchOptions(**options), ROOMY, environ).spec.compile_cache
+
+    home = {"HOME": str(tmp_path)}
+    assert cache(tpu, home) == str(tmp_path / ".cache/xlaunch/xla-compile")
+    elsewhere = {**home, "XLAUNCH_COMPILE_CACHE": "/elsewhere"}
+    assert cache(tpu, elsewhere) == "/elsewhere"
+    assert cache(tpu, elsewhere, compile_cache=False) is None
     xla_cpu = Environment("local", "cpu", 1, xla_device="CPU")
-    assert plan(xla_cpu).spec.compile_cache is None  # the CPU device cannot read it back
-    assert plan(xla_cpu, compile_cache=True).spec.compile_cache == "/elsewhere"
+    assert cache(xla_cpu, elsewhere) is None  # the CPU device cannot read it back
+    assert cache(xla_cpu, elsewhere, compile_cache=True) == "/elsewhere"
+    # No HOME given: the replica's own home, expanded where it sets the cache up.
+    assert cache(tpu, {}) == "~/.cache/xlaunch/xla-compile"
     assert plan(xla_cpu, compile_cache=tmp_path).spec.compile_cache == str(tmp_path)
 
 
@@ -234,3 +239,68 @@ def test_fork_asked_for_after_a_compiled_backward_is_refused_saying_what_to_do(t
         make_plan(tpu, LaunchOptions(num_processes=1), machine=AFTER_AUTOGRAD)
     with pytest.raises(RuntimeError, match=r"spmd=True forks its worker"):
         make_plan(tpu, LaunchOptions(spmd=True), machine=AFTER_AUTOGRAD)
+
+
+# --- what this process already did: facts gathered before planning, passed in -------------------
+
+AFTER_CUDA = Machine(cores=2, memory_available=24 * 2**30, cuda_initialised=True)
+GPUS = Environment("local", "cuda", 2)
+
+
+def test_cuda_initialised_spawns_the_default_and_refuses_fork_and_forkserver_only() -> None:
+    launch = make_plan(GPUS, LaunchOptions(), machine=AFTER_CUDA)
+    assert launch.spec.start_method == "spawn"
+    assert any("spawned, not forked: CUDA is already initialised" in note for note in launch.notes)
+    for method in ("fork", "forkserver"):
+        with pytest.raises(RuntimeError, match=rf"start_method='{method}': CUDA is already "
+                                               r"initialised.*Leave start_method at its default"):
+            make_plan(GPUS, LaunchOptions(start_method=method), machine=AFTER_CUDA)
+    assert make_plan(GPUS, LaunchOptions(start_method="spawn"),
+                     machine=AFTER_CUDA).spec.start_method == "spawn"
+    # Only the GPU path's workers need the GPUs: CPU processes and one GPU process in place fork
+    # (or run) as ever.
+    cpu = make_plan(GPUS, LaunchOptions(num_processes=2, cpu_only=True), machine=AFTER_CUDA)
+    assert cpu.spec.start_method == "fork"
+    assert isinstance(make_plan(GPUS, LaunchOptions(num_processes=1), machine=AFTER_CUDA).spec,
+                      InlineSpec)
+
+
+def test_an_initialised_xla_runtime_refuses_the_xla_path(tpu) -> None:
+    used = Machine(cores=2, memory_available=24 * 2**30, xla_runtime_initialised=True)
+    with pytest.raises(RuntimeError, match=r"XLA runtime is already initialised"):
+        make_plan(tpu, LaunchOptions(), machine=used)
+    assert make_plan(CPU, LaunchOptions(num_processes=2), machine=used).path == "elastic"
+
+
+def test_a_launch_inside_a_worker_is_refused_by_the_plan() -> None:
+    worker = Machine(cores=2, memory_available=24 * 2**30, pid=4321)
+    with pytest.raises(RuntimeError, match=r"called inside a launched function"):
+        make_plan(CPU, LaunchOptions(), worker, {"XLAUNCH_WORKER": "4321"})
+    # A value inherited from a worker by a process it started names another pid.
+    assert make_plan(CPU, LaunchOptions(), worker, {"XLAUNCH_WORKER": "1"}).path == "inline"
+
+
+def test_the_plan_reads_the_variables_it_is_given_not_the_process_s(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
+    launch = make_plan(CPU, LaunchOptions(num_processes=2), ROOMY, {})
+    assert launch.spec.cpu_threads == 1 and not launch.notes
+    given = make_plan(CPU, LaunchOptions(num_processes=2), ROOMY,
+                      {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"})
+    assert given.spec.cpu_threads == 0
+    assert any("GLOO_SOCKET_IFNAME=eth0" in note for note in given.notes)
+
+
+def test_the_core_tier_launches_on_the_cpu_whatever_the_machine_has() -> None:
+    """tests/conftest.py: a core test's "2 processes" are CPU processes, GPUs present or not."""
+    assert os.environ.get("XLAUNCH_ACCELERATOR") == "cpu"
+    assert detect().accelerator == "cpu"
+
+
+@pytest.mark.any_accelerator
+def test_a_core_test_can_launch_on_whatever_the_machine_has() -> None:
+    assert os.environ.get("XLAUNCH_ACCELERATOR") == AS_STARTED  # the run's own, untouched
+
+
+AS_STARTED = os.environ.get("XLAUNCH_ACCELERATOR")  # read at import, before any fixture

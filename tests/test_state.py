@@ -491,3 +491,44 @@ def test_importing_and_asking_the_state_does_not_import_torch() -> None:
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "(0, 1, True, None, 'no')"
+
+
+# --- the device follows the launch's accelerator --------------------------------------------------
+
+
+def device_and_bf16_matmul() -> tuple[str, str]:
+    """The state's device and what its autocast computes, on a machine whose torch sees a GPU.
+
+    No GPU exists here: torch's answer is made the fake machine's for this call only (in a worker,
+    or restored in the caller), the one thing the fake machine cannot be for torch.
+    """
+    available = torch.cuda.is_available
+    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+    try:
+        state = ProcessState()
+        with state.autocast():
+            product = torch.ones(2, 2) @ torch.ones(2, 2)
+        return str(state.device), str(product.dtype)
+    finally:
+        torch.cuda.is_available = available  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize("how", ["XLAUNCH_ACCELERATOR=cpu", "debug_launcher"])
+def test_a_cpu_launch_on_a_gpu_machine_is_on_the_cpu(tmp_path: Path, processes: int,
+                                                     how: str) -> None:
+    """A GPU present, a CPU launch: its processes (one, in the caller, included) are on the CPU,
+    and bf16 autocast computes in bfloat16 there, not in float32 under a CUDA autocast."""
+    from tests.fakes import fake_machine
+    from xlaunch.api import run_plan
+    from xlaunch.detect import Machine, detect
+    from xlaunch.plan import LaunchOptions, make_plan
+
+    gpu_box = fake_machine(tmp_path, gpus=1)
+    forced = how == "XLAUNCH_ACCELERATOR=cpu"
+    env = detect({"XLAUNCH_ACCELERATOR": "cpu"} if forced else {}, root=gpu_box)
+    assert env.accelerator == ("cpu" if forced else "cuda")
+    options = LaunchOptions(num_processes=processes, mixed_precision="bf16", cpu_only=not forced)
+    plan = make_plan(env, options, Machine.here(), os.environ)
+    assert plan.accelerator == "cpu"
+    assert run_plan(plan, device_and_bf16_matmul, ()) == ("cpu", "torch.bfloat16")

@@ -50,6 +50,45 @@ def xla_runtime_is_initialized() -> bool:
     return bool(check())
 
 
+# torch_xla 2.x, torch_xla/csrc/init_python_bindings.cpp: _XLAC._get_xla_sharding_spec(tensor),
+# the sharding annotation of an XLA tensor as text ("{devices=[4,1]0,1,2,3}"); checked on torch_xla
+# 2.8.0 and 2.9.0 (`xlaunch check --spmd`, the xla tiers). torch_xla has no public reader of it.
+
+
+def xla_sharding_spec(tensor: Any) -> str:
+    """How ``tensor`` is sharded, as torch_xla prints it; "" (said loudly) where unreadable."""
+    import torch_xla
+
+    reader = getattr(getattr(torch_xla, "_XLAC", None), "_get_xla_sharding_spec", None)
+    if reader is None:
+        _loud("xla-sharding", "torch_xla._XLAC._get_xla_sharding_spec is missing in this "
+              "torch_xla; `xlaunch check --spmd` cannot read how a tensor is sharded")
+        return ""
+    return str(reader(tensor))
+
+
+# --- Stand-ins inside a worker ------------------------------------------------------------------
+# Public functions a worker's own code finds standing in while it runs, put back after, never in
+# the caller: a script's torch.distributed.init_process_group (torch 2.8-2.15), its xmp.spawn and
+# torch_xla.launch, torch_xla.runtime.use_spmd in a replica without SPMD (torch_xla 2.8, 2.9).
+
+
+@contextlib.contextmanager
+def standing_in(owner: Any, name: str, stand_in: Any) -> Iterator[None]:
+    """``owner.name`` is ``stand_in`` inside, put back after; said loudly where it is gone."""
+    original = getattr(owner, name, None)
+    if original is None:
+        _loud(f"stand-in {name}", f"{getattr(owner, '__name__', owner)}.{name} is gone in this "
+              "release: the worker's code calls nothing in its place")
+        yield
+        return
+    setattr(owner, name, stand_in)  # a write: test_layout
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)  # a write: test_layout
+
+
 # --- Lightning: "am I in a notebook?", decided at import ----------------------------------------
 # Lightning 2.x, lightning_fabric/utilities/imports.py: ``_IS_INTERACTIVE = hasattr(sys, "ps1") or
 # bool(sys.flags.interactive)``, computed once when Lightning is imported and copied by ``from ...

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from xlaunch.backends import carry_out
-from xlaunch.detect import detect
+from xlaunch.detect import Environment, Machine, detect
 from xlaunch.plan import LaunchOptions, LaunchPlan, make_plan
 from xlaunch.plan.options import (
     DEFAULT_MASTER_ADDR,
@@ -28,7 +28,6 @@ from xlaunch.plan.options import (
 from xlaunch.result import LaunchReport, judge, make_report
 from xlaunch.result.errors import left_running_text
 from xlaunch.result.report import report_shown
-from xlaunch.worker.nested import refuse_nested_launch
 
 
 def notebook_launcher(
@@ -123,7 +122,7 @@ def notebook_launcher(
         log_line_prefix_template=log_line_prefix_template, timeout=timeout,
         start_method=start_method, compile_cache=compile_cache, report=report,
         stop_grace=stop_grace, spmd=spmd)
-    return run_plan(make_plan(detect(), options), function, args)
+    return run_plan(plan_here(options), function, args)
 
 
 launch = notebook_launcher
@@ -142,7 +141,12 @@ def debug_launcher(
     args = _check_args(function, args)
     options = LaunchOptions(num_processes=num_processes, timeout=timeout, cpu_only=True,
                             stop_grace=stop_grace)
-    return run_plan(make_plan(detect(), options), function, args)
+    return run_plan(plan_here(options), function, args)
+
+
+def plan_here(options: LaunchOptions, env: Environment | None = None) -> LaunchPlan:
+    """The plan for this machine and this process: the facts gathered once, then decided."""
+    return make_plan(env or detect(), options, Machine.here(), os.environ)
 
 
 def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
@@ -152,11 +156,8 @@ def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ..
     report (``error.report``), its warnings in its text.
     """
     __tracebackhide__ = True
-    refuse_nested_launch()
     for line in (*plan.notes, f"launching {plan.summary()}"):
         print(f"xlaunch: {line}", file=sys.stderr)
-    if plan.accelerator == "cuda" and plan.path == "elastic":
-        _refuse_initialised_cuda()
     started = time.perf_counter()
     try:
         outcome = carry_out(plan, function, args)
@@ -257,14 +258,3 @@ def _check_args(function: object, args: object) -> tuple[Any, ...]:
         raise TypeError(f"args must be a tuple of arguments for the function, got {args!r}")
     return tuple(args)
 
-
-def _refuse_initialised_cuda() -> None:
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return
-    raise RuntimeError(
-        "CUDA was already initialised in this process, so forked workers cannot use the GPUs. "
-        "Something in an earlier cell touched the GPU: a tensor or model moved with .cuda() or "
-        ".to('cuda'), or a torch.cuda call such as torch.cuda.get_device_name(). Restart the "
-        "kernel and launch before any cell uses the GPU (do GPU work inside the launched function)."
-    )

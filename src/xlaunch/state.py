@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 from xlaunch import _compat
-from xlaunch.names import MIXED_PRECISION_VAR, RESTART_VAR, WORLD_VAR
+from xlaunch.names import DEVICE_VAR, MIXED_PRECISION_VAR, RESTART_VAR, WORLD_VAR
 from xlaunch.sharing import share_of
 
 P = ParamSpec("P")
@@ -59,17 +59,10 @@ def _spmd_on() -> bool:
 
 
 def _xla_world() -> _World:
-    """torch_xla.runtime where it has the answer; the xla_model names it replaced before that."""
-    import torch_xla.core.xla_model as xm
+    """The replica's place, from torch_xla.runtime (the floor, torch_xla 2.8, has it all)."""
+    import torch_xla.runtime as xr
 
-    try:
-        import torch_xla.runtime as xr
-    except ImportError:
-        xr = None
-    rank = xr.global_ordinal() if hasattr(xr, "global_ordinal") else xm.get_ordinal()
-    size = xr.world_size() if hasattr(xr, "world_size") else xm.xrt_world_size()
-    local_rank = xr.local_ordinal() if hasattr(xr, "local_ordinal") else xm.get_local_ordinal()
-    return _World("xla", rank, size, local_rank, "xla")
+    return _World("xla", xr.global_ordinal(), xr.world_size(), xr.local_ordinal(), "xla")
 
 
 def _process_group() -> Any:
@@ -139,23 +132,22 @@ class ProcessState:
 
     @property
     def device(self) -> Any:
-        """A ``torch.device``; on XLA the replica's own device."""
+        """A ``torch.device``: on XLA the replica's own device; in a launch, the launch's
+        accelerator (a CPU launch is on the CPU, GPUs or not); elsewhere a guess from the world."""
         world = _current_world()
         if world.kind == "xla":
             import torch_xla
 
-            if hasattr(torch_xla, "device"):
-                return torch_xla.device()
-            import torch_xla.core.xla_model as xm
-
-            return xm.xla_device()
-        if world.backend == "tpu_dist":
+            return torch_xla.device()
+        launched = os.environ.get(DEVICE_VAR)
+        if world.backend == "tpu_dist" or launched == "tpu":
             return _tpu_device()
         import torch
 
-        if world.backend == "gloo":
+        if launched == "cpu" or (launched is None and world.backend == "gloo"):
             return torch.device("cpu")
-        if world.backend == "nccl" or (world.kind != "single" and torch.cuda.is_available()):
+        if launched == "cuda" or world.backend == "nccl" or (
+                world.kind != "single" and torch.cuda.is_available()):
             return torch.device("cuda", world.local_rank)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -145,6 +145,14 @@ def test_the_compile_cache_is_written_and_read_back_by_the_next_launch(tmp_path:
     assert "PersistentCacheLoad" in second
 
 
+def test_a_compile_cache_under_home_is_the_replicas_home(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``~`` (given, or the default where the plan had no HOME) is expanded in the replica."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    xlaunch.notebook_launcher(cached_graph, compile_cache="~/cache")
+    assert [path for path in (tmp_path / "cache" / "process-0").rglob("*") if path.is_file()]
+
+
 def replica_noop(index: int) -> None:
     return None
 

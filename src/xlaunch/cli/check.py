@@ -67,9 +67,9 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _plan(args: argparse.Namespace, step: Step) -> Any:
+    from xlaunch.api import plan_here
     from xlaunch.cli.demo import default_num_processes
     from xlaunch.detect import detect
-    from xlaunch.plan import make_plan
 
     started = time.perf_counter()
     try:
@@ -77,7 +77,8 @@ def _plan(args: argparse.Namespace, step: Step) -> Any:
         count = args.num_processes
         if count is None and args.total_processes is None:
             count = default_num_processes(env)
-        plan = make_plan(env, options_from(args, **({} if count is None else {"num_processes": count})))
+        plan = plan_here(options_from(args, **({} if count is None else {"num_processes": count})),
+                         env)
     except (ValueError, TypeError, RuntimeError) as error:  # forced hardware that is absent, too
         step.ok, step.detail = False, str(error)
         return None

@@ -25,9 +25,9 @@ class SpmdConfig:
 
 def run_spmd_checks(config: SpmdConfig) -> dict[str, Any]:
     import torch
-    import torch_xla
     import torch_xla.distributed.spmd as xs
 
+    from xlaunch import _compat
     from xlaunch.state import ProcessState
 
     state = ProcessState()
@@ -46,7 +46,7 @@ def run_spmd_checks(config: SpmdConfig) -> dict[str, Any]:
     with _step("sharding", timings):
         x = x_cpu.to(state.device)
         xs.mark_sharding(x, mesh, ("data", None))
-        spec = torch_xla._XLAC._get_xla_sharding_spec(x)
+        spec = _compat.xla_sharding_spec(x)
         if f"devices=[{config.devices},1]" not in spec:
             raise CheckFailed(f"the batch was sharded as {spec!r}, not over the {config.devices} "
                               "devices of the mesh's first axis")

@@ -35,7 +35,30 @@ def run_checks(config: CheckConfig) -> dict[str, Any]:
     """The launched function: each step on every rank; rank 0's timings and counts come back."""
     from xlaunch.state import ProcessState
 
-    state = ProcessState()
+    with _group_of_one(ProcessState()) as state:
+        return _run_steps(config, state)
+
+
+@contextmanager
+def _group_of_one(state: Any) -> Iterator[Any]:
+    """A one-process check forms a process group of one (gloo on the CPU, NCCL on a GPU), so its
+    all-reduce and barrier run on the path's real collective; the group ends with the check (the
+    one process is the caller's own)."""
+    if state.backend is not None or state.num_processes != 1 or state.device.type not in (
+            "cpu", "cuda"):
+        yield state
+        return
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if state.device.type == "cuda" else "gloo",
+                            store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield state
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_steps(config: CheckConfig, state: Any) -> dict[str, Any]:
     timings: dict[str, float] = {}
     details: dict[str, str] = {}
     started = time.time()
@@ -47,7 +70,7 @@ def run_checks(config: CheckConfig) -> dict[str, Any]:
         details["ranks"] = f"{world} rank(s) started, each knows its rank ({state.backend or 'one process'})"
     reduce = _reducer(state)
     with _step("all-reduce", timings):
-        details["all-reduce"] = _check_all_reduce(reduce, rank, world)
+        details["all-reduce"] = f"{_check_all_reduce(reduce, rank, world)} ({state.backend})"
     with _step("barrier", timings):
         state.wait_for_everyone()
         details["barrier"] = "every rank passed it"
@@ -79,8 +102,6 @@ def _reducer(state: Any) -> Callable[[Any], Any]:
             return xm.all_reduce(xm.REDUCE_SUM, tensor.to(state.device)).cpu()
 
         return xla_sum
-    if state.backend is None:
-        return lambda tensor: tensor
     import torch.distributed as dist
 
     def group_sum(tensor: Any) -> Any:
@@ -176,7 +197,7 @@ def _average_gradients(state: Any, model: Any, optimizer: Any, reduce: Callable[
         import torch_xla.core.xla_model as xm
 
         xm.optimizer_step(optimizer)
-        getattr(torch_xla, "sync", xm.mark_step)()
+        torch_xla.sync()
         return
     if state.backend is not None:
         import torch.distributed as dist

@@ -42,9 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Show the machine and the plan, train across its processes, report PASS or fail."""
-    from xlaunch.api import run_plan
+    from xlaunch.api import plan_here, run_plan
     from xlaunch.detect import detect
-    from xlaunch.plan import make_plan
 
     if args.epochs < 1 or (args.steps is not None and args.steps < 1):
         return usage_error("--epochs and --steps must be at least 1")
@@ -52,8 +51,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         env = detect()
         count = default_num_processes(env) if args.num_processes is None else args.num_processes
-        plan = make_plan(env, options_from(args, num_processes=count))
-    except (ValueError, TypeError) as error:
+        plan = plan_here(options_from(args, num_processes=count), env)
+    except (ValueError, TypeError, RuntimeError) as error:  # RuntimeError: this process can't
         return usage_error(str(error))
     print(summary(env, plan, config))
     sys.stdout.flush()  # before the workers' lines, which go straight to the same stream

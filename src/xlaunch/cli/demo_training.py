@@ -132,7 +132,6 @@ def _train_xla(config: DemoConfig) -> dict[str, Any]:
 
     from xlaunch.state import ProcessState
 
-    sync: Callable[[], Any] = getattr(torch_xla, "sync", xm.mark_step)  # mark_step before 2.6
     state = ProcessState()
     rank, world, device = state.process_index, state.num_processes, state.device
     shard_x, shard_y = _shard(config)
@@ -148,7 +147,7 @@ def _train_xla(config: DemoConfig) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         xm.optimizer_step(optimizer)  # all-reduces (averages) gradients across replicas
-        sync()
+        torch_xla.sync()
 
     losses = _train_epochs(config, state, model, shard_x, shard_y, step, mean_over_ranks)
 

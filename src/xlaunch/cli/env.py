@@ -67,7 +67,7 @@ def env_report(
     try:
         env = detect(environ, root)
         environment = env.as_dict()
-        plan = make_plan(env, options, machine).as_dict()
+        plan = make_plan(env, options, machine, variables).as_dict()
     except (ValueError, RuntimeError) as error:  # a bad XLAUNCH_ACCELERATOR, a refused launch
         refusal = str(error)
     gpus = Gpus.here(root)
@@ -75,6 +75,10 @@ def env_report(
         "environment": environment,
         "machine": {
             "cpu_cores": machine.cores,
+            # What this process already did that decides how a launch may start its workers.
+            "autograd_threads": machine.autograd_threads,
+            "cuda_initialised": machine.cuda_initialised,
+            "xla_runtime_initialised": machine.xla_runtime_initialised,
             "memory_available": machine.memory_available,
             "memory_total": machine.memory_total,
             "gpus": list(gpus.names),
@@ -205,6 +209,10 @@ def _machine_rows(machine: dict[str, Any]) -> dict[str, Any]:
     rows["gpus"] = gpus.summary() or "none"
     if gpus.driver:
         rows["nvidia driver"] = gpus.driver
+    # What this process did before the launch: each decides how its workers may start.
+    for key, row in (("autograd_threads", "autograd threads"), ("cuda_initialised", "CUDA started"),
+                     ("xla_runtime_initialised", "XLA runtime")):
+        rows[row] = f"{'yes' if machine.get(key) else 'no'}, in this process"
     return rows
 
 

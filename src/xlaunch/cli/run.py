@@ -31,17 +31,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Plan, launch, and turn the outcome into an exit status a shell or a scheduler can act on."""
-    from xlaunch.api import run_plan
-    from xlaunch.detect import detect
-    from xlaunch.plan import make_plan
+    from xlaunch.api import plan_here, run_plan
     from xlaunch.worker.script import run_script
 
     target = args.script if args.module else os.path.abspath(args.script)
     if not args.module and not os.path.isfile(target):
         return usage_error(f"can't open file {args.script!r}: no such file")
     try:
-        plan = make_plan(detect(), options_from(args))
-    except (ValueError, TypeError) as error:
+        plan = plan_here(options_from(args))
+    except (ValueError, TypeError, RuntimeError) as error:  # RuntimeError: this process can't
         return usage_error(str(error))
     work = (target, list(args.script_args), args.module)
     return launch_and_report(lambda: run_plan(plan, run_script, work))

@@ -1,10 +1,14 @@
-"""How many processes this machine can hold: cores and memory, read before anything starts."""
+"""How many processes this machine can hold, and what this process already did that a launch
+must know: read once, before planning, so that the plan decides from facts it is given."""
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from xlaunch import _compat
 
 PROCESSES_PER_CORE = 8  # CPU processes beyond this share a core so thinly that nothing trains
 MEMORY_PER_PROCESS = 256 * 2**20  # a CPU worker with torch imported and a process group formed
@@ -19,6 +23,11 @@ class Machine:
     # them on torch's CUDA builds): a child forked from it fails at its first backward
     # ("Unable to handle autograd's threading in combination with fork-based multiprocessing").
     autograd_threads: bool = False
+    # This process already initialised CUDA: a forked child cannot use the GPUs (a spawned can).
+    cuda_initialised: bool = False
+    # This process already started the XLA runtime: torch_xla cannot start replicas after that.
+    xla_runtime_initialised: bool = False
+    pid: int = 0  # this process (0: unknown), to tell its own holds and its own launch apart
 
     @classmethod
     def here(cls, root: str = "/") -> Machine:
@@ -26,7 +35,9 @@ class Machine:
             cores = len(os.sched_getaffinity(0))
         except AttributeError:
             cores = os.cpu_count() or 1
-        return cls(cores, *_memory(Path(root)), autograd_threads=_autograd_threads(Path(root)))
+        return cls(cores, *_memory(Path(root)), autograd_threads=_autograd_threads(Path(root)),
+                   cuda_initialised=_cuda_initialised(),
+                   xla_runtime_initialised=_compat.xla_runtime_is_initialized(), pid=os.getpid())
 
     def check_cpu_processes(self, count: int) -> None:
         """Refuse, with the numbers, a count of CPU processes this machine cannot hold."""
@@ -53,6 +64,12 @@ def _autograd_threads(root: Path) -> bool:
         except OSError:
             continue
     return False
+
+
+def _cuda_initialised() -> bool:
+    """Whether torch, if this process imported it, initialised CUDA; never imports torch."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    return bool(cuda is not None and cuda.is_initialized())
 
 
 def _memory(root: Path) -> tuple[int | None, int | None]:

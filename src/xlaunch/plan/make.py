@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, cast
 
 from xlaunch.detect.environment import Environment
 from xlaunch.detect.machine import Machine
-from xlaunch.names import Accelerator, DistBackend, MixedPrecision, StartMethod
+from xlaunch.names import IN_A_WORKER, WORKER_VAR, Accelerator, DistBackend, MixedPrecision, StartMethod
 from xlaunch.plan.options import LaunchOptions, port_left_at_default
 from xlaunch.plan.refusals import check_values, refuse_unused
 from xlaunch.plan.specs import (
@@ -40,25 +41,31 @@ def default_start_method() -> StartMethod:
 
 
 def make_plan(env: Environment, options: LaunchOptions | None = None,
-              machine: Machine | None = None) -> LaunchPlan:
-    """Decide how to launch, or raise `ValueError` (`RuntimeError` for a held TPU) saying why.
+              machine: Machine | None = None, environ: Mapping[str, str] | None = None) -> LaunchPlan:
+    """Decide how to launch, or raise `ValueError` (`RuntimeError`: a held TPU, a device this
+    process already used, a launch inside a worker) saying why.
 
-    Pure: reads ``env``, ``options`` and ``machine`` only; binds no socket, starts no process,
-    writes no file, so `xlaunch env` can show a plan without doing any of it.
+    Pure: reads only ``env``, ``options``, ``machine`` (`Machine.here`'s facts; None: unknown) and
+    ``environ`` (the caller's variables; None: none); binds no socket, starts no process, writes
+    no file, so `xlaunch env` can show a plan without doing any of it.
     """
     options = options or LaunchOptions()
     check_values(options)
-    machine = machine or Machine.here()
+    machine = machine or Machine(cores=1, memory_available=None)
+    environ = environ or {}
+    if machine.pid and environ.get(WORKER_VAR) == str(machine.pid):
+        raise RuntimeError(f"notebook_launcher was called inside a launched function (this "
+                           f"process is a worker of a launch). {IN_A_WORKER}.")
     if options.spmd:
         refuse_spmd_beyond_xla(env, options)
     if not options.cpu_only and env.accelerator == "tpu" and env.tpu_runtime == "torch_tpu":
-        plan = torch_tpu_plan(env, options)
+        plan = torch_tpu_plan(env, options, machine)
     elif not options.cpu_only and env.xla_device is not None:
-        plan = _xla_plan(env, options, machine)
+        plan = _xla_plan(env, options, machine, environ)
     elif env.accelerator == "cuda" and not options.cpu_only:
-        plan = _cuda_plan(env, options, machine)
+        plan = _cuda_plan(env, options, machine, environ)
     else:
-        plan = _cpu_plan(options, machine)
+        plan = _cpu_plan(options, machine, environ)
     plan = replace(plan, memory_total=machine.memory_total)
     refuse_unused(plan, options)
     return plan
@@ -80,7 +87,8 @@ def common(options: LaunchOptions) -> dict[str, Any]:
                 report=options.report, stop_grace=float(options.stop_grace))
 
 
-def _xla_plan(env: Environment, options: LaunchOptions, machine: Machine) -> LaunchPlan:
+def _xla_plan(env: Environment, options: LaunchOptions, machine: Machine,
+              environ: Mapping[str, str]) -> LaunchPlan:
     if env.accelerator == "tpu":
         refuse_fp16_on_tpu(options)
     if options.num_nodes > 1:
@@ -90,13 +98,15 @@ def _xla_plan(env: Environment, options: LaunchOptions, machine: Machine) -> Lau
     if env.legacy_tpu_node:
         raise RuntimeError(TPU_NODE)
     if env.tpu_holders:
-        raise RuntimeError(held(env))
+        raise RuntimeError(held(env, machine))
+    if machine.xla_runtime_initialised:
+        raise RuntimeError(XLA_INITIALISED)
     if options.spmd or tpu_layout(env, options.num_processes).nprocs == 1:
         refuse_forked_after_autograd(machine, "spmd=True" if options.spmd else "one replica")
     if options.spmd:
-        return _spmd_plan(env, options)
+        return _spmd_plan(env, options, environ)
     layout = tpu_layout(env, options.num_processes)
-    method, fork_notes = start_method(options, machine, "fork")
+    method, fork_notes = start_method(options, "fork", machine.autograd_threads)
     template = options.log_line_prefix_template
     spec = XlaSpec(
         threads_per_process=layout.threads_per_process, nprocs=layout.nprocs,
@@ -104,7 +114,7 @@ def _xla_plan(env: Environment, options: LaunchOptions, machine: Machine) -> Lau
         start_method=method, worker_env=layout.env,
         unset_env=layout.unset_env,
         line_prefix=template if template is not None else XlaSpec.line_prefix,
-        max_restarts=options.max_restarts, compile_cache=compile_cache(env, options.compile_cache))
+        max_restarts=options.max_restarts, compile_cache=compile_cache(env, options.compile_cache, environ))
     return LaunchPlan(env.accelerator, layout.processes, layout.replicas, spec,
                       notes=layout.notes + fork_notes, **common(options))
 
@@ -114,20 +124,32 @@ FORKED_AFTER_AUTOGRAD = (
     "them on torch's CUDA builds), and a worker forked from it fails at its first backward "
     "(\"Unable to handle autograd's threading in combination with fork-based "
     "multiprocessing\")")
+FORKED_AFTER_CUDA = (
+    "CUDA is already initialised in this process (something before the launch touched the GPU: a "
+    "tensor or model moved with .cuda() or .to('cuda'), or a torch.cuda call such as "
+    "torch.cuda.get_device_name()), and a worker forked from it cannot use the GPUs")
+XLA_INITIALISED = (
+    "The XLA runtime is already initialised in this process, and torch_xla cannot start "
+    "replicas after that. Something in an earlier cell used the XLA device: an XLA tensor or "
+    "model (.to(torch_xla.device())), torch_xla.device() / xm.xla_device(), or an ordinal or "
+    "world-size query (xr.global_ordinal(), xr.world_size()). Restart the kernel and launch "
+    "before any cell touches the XLA device (do that work inside the launched function).")
 
 
-def start_method(options: LaunchOptions, machine: Machine,
-                 default: StartMethod) -> tuple[StartMethod, tuple[str, ...]]:
-    """The workers' start method; spawn instead of a default fork that could not run backward."""
+def start_method(options: LaunchOptions, default: StartMethod, autograd_threads: bool,
+                 cuda_initialised: bool = False) -> tuple[StartMethod, tuple[str, ...]]:
+    """The workers' start method: spawn instead of a default one whose workers could not run."""
     method = cast(StartMethod, options.start_method or default)
-    if method != "fork" or not machine.autograd_threads:
+    why = (FORKED_AFTER_AUTOGRAD if autograd_threads and method == "fork" else
+           FORKED_AFTER_CUDA if cuda_initialised and method in ("fork", "forkserver") else None)
+    if why is None:
         return method, ()
-    if options.start_method == "fork":
-        raise RuntimeError(f"start_method='fork': {FORKED_AFTER_AUTOGRAD}. Leave start_method at "
-                           "its default (the workers are then spawned), or restart the kernel and "
-                           "launch before the compiled step.")
-    return "spawn", (f"the workers are spawned, not forked: {FORKED_AFTER_AUTOGRAD}; their "
-                     "function travels by value. Restart the kernel to fork them again",)
+    if options.start_method is not None:
+        raise RuntimeError(f"start_method={method!r}: {why}. Leave start_method at its default "
+                           "(the workers are then spawned), or restart the kernel and launch "
+                           "before that.")
+    return "spawn", (f"the workers are spawned, not forked: {why}; their function travels by "
+                     "value. Restart the kernel to fork them again",)
 
 
 def refuse_forked_after_autograd(machine: Machine, what: str) -> None:
@@ -145,7 +167,8 @@ TPU_NODE = (
     "type > a v5e or v6e TPU; Kaggle: a TPU v3-8 or v5e-8 accelerator).")
 
 
-def _spmd_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
+def _spmd_plan(env: Environment, options: LaunchOptions,
+               environ: Mapping[str, str]) -> LaunchPlan:
     """SPMD: one process per host, forked, SPMD on before the runtime, driving every device."""
     if options.num_processes not in (None, 1):
         raise ValueError(
@@ -157,7 +180,7 @@ def _spmd_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
         threads_per_process=1, nprocs=1, pjrt_device=PJRT_DEVICES.get(env.accelerator, "CPU"),
         start_method="fork", unset_env=tpu_layout(env, None).unset_env,
         line_prefix=template if template is not None else XlaSpec.line_prefix,
-        max_restarts=options.max_restarts, compile_cache=compile_cache(env, options.compile_cache),
+        max_restarts=options.max_restarts, compile_cache=compile_cache(env, options.compile_cache, environ),
         spmd_devices=env.device_count)
     hosts = len(env.tpu_hosts) if env.tpu_hosts else 1
     notes = (f"a pod slice of {hosts} hosts: run the same launch on every host (one SPMD process "
@@ -183,7 +206,8 @@ def refuse_spmd_beyond_xla(env: Environment, options: LaunchOptions) -> None:
         "torch_xla installed")
 
 
-def compile_cache(env: Environment, asked: bool | str | os.PathLike[str] | None) -> str | None:
+def compile_cache(env: Environment, asked: bool | str | os.PathLike[str] | None,
+                  environ: Mapping[str, str]) -> str | None:
     """Where torch_xla keeps compiled graphs between launches, or None for no cache.
 
     On by default where it pays (TPU, XLA on GPUs: the CPU device cannot read a cache back);
@@ -192,14 +216,15 @@ def compile_cache(env: Environment, asked: bool | str | os.PathLike[str] | None)
     if asked is False or (asked is None and env.accelerator not in ("tpu", "cuda")):
         return None
     if asked is None or asked is True:
-        default = os.path.join(os.path.expanduser("~"), ".cache", "xlaunch", "xla-compile")
-        return os.environ.get(COMPILE_CACHE_VAR) or default
+        # "~" (no HOME given) is the replica's home: expanded where the cache is set up.
+        default = os.path.join(environ.get("HOME", "~"), ".cache", "xlaunch", "xla-compile")
+        return environ.get(COMPILE_CACHE_VAR) or default
     return os.fspath(asked)
 
 
-def held(env: Environment) -> str:
+def held(env: Environment, machine: Machine) -> str:
     holders = "; ".join(holder.describe() for holder in env.tpu_holders)
-    own = [holder for holder in env.tpu_holders if holder.pid == os.getpid()]
+    own = [holder for holder in env.tpu_holders if holder.pid == machine.pid]
     text = (f"The TPU is in use: {holders}. A TPU can be held by one process at a time, so the "
             "launch would fail inside the runtime. ")
     if own:
@@ -211,7 +236,8 @@ def held(env: Environment) -> str:
                    "to) and launch again.")
 
 
-def _cuda_plan(env: Environment, options: LaunchOptions, machine: Machine) -> LaunchPlan:
+def _cuda_plan(env: Environment, options: LaunchOptions, machine: Machine,
+               environ: Mapping[str, str]) -> LaunchPlan:
     if env.device_count == 0:
         raise ValueError("a GPU launch was asked for (XLAUNCH_ACCELERATOR=cuda) but no GPU is "
                          "visible (check the driver and CUDA_VISIBLE_DEVICES)")
@@ -220,10 +246,10 @@ def _cuda_plan(env: Environment, options: LaunchOptions, machine: Machine) -> La
         raise ValueError(
             f"num_processes={count} asks for more processes than this machine has GPUs "
             f"({env.device_count}); use at most {env.device_count}")
-    return _torch_plan("cuda", count, "nccl", options, cpu_threads=0, machine=machine)
+    return _torch_plan("cuda", count, "nccl", options, 0, machine, environ)
 
 
-def _cpu_plan(options: LaunchOptions, machine: Machine) -> LaunchPlan:
+def _cpu_plan(options: LaunchOptions, machine: Machine, environ: Mapping[str, str]) -> LaunchPlan:
     count = options.num_processes
     notes: tuple[str, ...] = ()
     if count is None:
@@ -234,33 +260,36 @@ def _cpu_plan(options: LaunchOptions, machine: Machine) -> LaunchPlan:
     machine.check_cpu_processes(count)
     # Each process would start a thread per core and they would fight over the cores (the demo
     # trained 2.5x slower on 2 cores); torchrun sets OMP_NUM_THREADS for the same reason.
-    threads = 0 if "OMP_NUM_THREADS" in os.environ or count == 1 else max(1, machine.cores // count)
-    plan = _torch_plan("cpu", count, "gloo", options, cpu_threads=threads, machine=machine)
+    threads = 0 if "OMP_NUM_THREADS" in environ or count == 1 else max(1, machine.cores // count)
+    plan = _torch_plan("cpu", count, "gloo", options, threads, machine, environ)
     return replace(plan, notes=notes + plan.notes)
 
 
 def _torch_plan(accelerator: Accelerator, count: int, dist_backend: DistBackend,
-                options: LaunchOptions, cpu_threads: int, machine: Machine) -> LaunchPlan:
+                options: LaunchOptions, cpu_threads: int, machine: Machine,
+                environ: Mapping[str, str]) -> LaunchPlan:
     world = count * options.num_nodes
     if count == 1 and options.num_nodes == 1:
         return LaunchPlan(accelerator, 1, 1, InlineSpec(), **common(options))
-    method, fork_notes = start_method(options, machine, default_start_method())
+    # Forked workers of a process that initialised CUDA cannot use the GPUs (spawned ones can).
+    method, fork_notes = start_method(options, default_start_method(), machine.autograd_threads,
+                                      accelerator == "cuda" and machine.cuda_initialised)
     spec = ElasticSpec(dist_backend=dist_backend, start_method=method, cpu_threads=cpu_threads,
                        **engine_fields(options))
     return LaunchPlan(accelerator, count, world, spec, num_nodes=options.num_nodes,
-                      notes=fork_notes + interface_notes(spec), **common(options))
+                      notes=fork_notes + interface_notes(spec, environ), **common(options))
 
 
-def interface_notes(spec: ElasticSpec) -> tuple[str, ...]:
+def interface_notes(spec: ElasticSpec, environ: Mapping[str, str]) -> tuple[str, ...]:
     """One machine's workers meet on loopback, unless the environment names an interface."""
     if not spec.loopback_only:
         return ()
     return tuple(
-        f"{name}={os.environ[name]} is set in this environment: the workers' process group "
+        f"{name}={environ[name]} is set in this environment: the workers' process group "
         "listens on that interface, which may be beyond loopback (unset it to keep a "
         "one-machine launch on loopback)"
         for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-        if os.environ.get(name, "lo") != "lo")
+        if environ.get(name, "lo") != "lo")
 
 
 def engine_fields(options: LaunchOptions) -> dict[str, Any]:
@@ -280,11 +309,11 @@ def engine_fields(options: LaunchOptions) -> dict[str, Any]:
         loopback_only=options.num_nodes == 1 and not options.rdzv_endpoint)
 
 
-def torch_tpu_plan(env: Environment, options: LaunchOptions) -> LaunchPlan:
+def torch_tpu_plan(env: Environment, options: LaunchOptions, machine: Machine) -> LaunchPlan:
     """TorchTPU: spawned processes, one per device; checked against its tables."""
     refuse_fp16_on_tpu(options)
     if env.tpu_holders:
-        raise RuntimeError(held(env))
+        raise RuntimeError(held(env, machine))
     layout = torch_tpu_layout(env, options)
     options = replace(options, num_nodes=layout.num_nodes, node_rank=layout.node_rank,
                       master_addr=layout.master_addr)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from xlaunch.names import (
+    DEVICE_VAR,
     MIXED_PRECISION_VAR,
     Accelerator,
     DistBackend,
@@ -143,6 +144,8 @@ class LaunchPlan:
         the user set for accelerate stays when the launch asks nothing.
         """
         variables: dict[str, str] = {MIXED_PRECISION_VAR: self.mixed_precision}
+        if not isinstance(self.spec, XlaSpec):  # an XLA replica's world names its device
+            variables[DEVICE_VAR] = self.accelerator
         if self.mixed_precision != "no":
             variables["ACCELERATE_MIXED_PRECISION"] = self.mixed_precision
         if self.accelerator == "cpu" and not isinstance(self.spec, XlaSpec):

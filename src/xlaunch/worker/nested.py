@@ -5,7 +5,8 @@ variables say so to Lightning, accelerate and transformers). A launcher called i
 start more processes that try to join a world that is full: Lightning's ``ddp_notebook`` forked
 two more from each worker and waited until the timeout. So in a worker:
 
-- xlaunch's own ``notebook_launcher`` refuses (`refuse_nested_launch`, called before planning);
+- xlaunch's own ``notebook_launcher`` is refused by its plan (``Machine.pid`` and the worker's
+  variable);
 - a fork made by torch's ``start_processes`` (what Lightning's ``ddp_notebook``/``ddp_spawn``
   and accelerate's ``notebook_launcher`` start their processes with) or by torch_xla's
   ``xmp.spawn`` pool is refused by an audit hook (PEP 578, ``os.fork``) before it happens. Other
@@ -18,29 +19,17 @@ import os
 import sys
 from typing import Any
 
-from xlaunch.names import WORKER_VAR
+from xlaunch.names import IN_A_WORKER, WORKER_VAR
 
 # Where a fork comes from when a launcher makes it: torch.multiprocessing's start_processes and
 # torch_xla's pool (its xmp.spawn inside a script run is run in place: worker/script.py).
 LAUNCHER_FRAMES = {"torch/multiprocessing/spawn.py": "torch.multiprocessing.start_processes",
                    "torch_xla/_internal/pjrt.py": "torch_xla's xmp.spawn"}
-INSTEAD = (
-    "Inside a launch, the launched function already runs in every process: with Lightning use "
-    "strategy=\"ddp\" (it finds the launch's processes through torchrun's variables), not "
-    "\"ddp_notebook\" or \"ddp_spawn\"; with accelerate, call the training code directly and "
-    "let Accelerator() or PartialState() find the world; with torch_xla, call the function "
-    "directly instead of xmp.spawn")
 _hooked_in = 0  # the pid whose audit hook is installed (a hook cannot be removed)
 
 
 def in_worker() -> bool:
     return os.environ.get(WORKER_VAR) == str(os.getpid())
-
-
-def refuse_nested_launch() -> None:
-    if in_worker():
-        raise RuntimeError(f"notebook_launcher was called inside a launched function (this "
-                           f"process is a worker of a launch). {INSTEAD}.")
 
 
 def refuse_launchers() -> None:
@@ -61,5 +50,5 @@ def _audit(event: str, args: Any) -> None:
         for file, launcher in LAUNCHER_FRAMES.items():
             if name.endswith(file):
                 raise RuntimeError(f"a launcher ({launcher}) tried to start processes inside a "
-                                   f"worker of an xlaunch launch. {INSTEAD}.")
+                                   f"worker of an xlaunch launch. {IN_A_WORKER}.")
         frame = frame.f_back  # type: ignore[assignment]

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
+from xlaunch import _compat
 from xlaunch.names import STORE_DIR_VAR
 
 
@@ -75,11 +76,8 @@ def _scripts_own_group() -> Iterator[None]:
             given["rank"], given["world_size"] = int(os.environ["RANK"]), world
         return original(*asked.args, **asked.kwargs)
 
-    dist.init_process_group = init_process_group
-    try:
+    with _compat.standing_in(dist, "init_process_group", init_process_group):
         yield
-    finally:
-        dist.init_process_group = original
 
 
 @contextlib.contextmanager
@@ -92,16 +90,9 @@ def _xla_spawn_in_place() -> Iterator[None]:
     import torch_xla
     import torch_xla.distributed.xla_multiprocessing as xmp
 
-    patched: list[tuple[Any, str, Callable[..., Any]]] = [(xmp, "spawn", xmp.spawn)]
-    if hasattr(torch_xla, "launch"):
-        patched.append((torch_xla, "launch", torch_xla.launch))
-    for owner, name, _ in patched:
-        setattr(owner, name, _in_place)
-    try:
+    with _compat.standing_in(xmp, "spawn", _in_place), \
+            _compat.standing_in(torch_xla, "launch", _in_place):
         yield
-    finally:
-        for owner, name, original in patched:
-            setattr(owner, name, original)
 
 
 def _in_place(fn: Callable[..., Any], args: tuple[Any, ...] = (), *_: Any, **__: Any) -> None:

@@ -17,7 +17,6 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from xlaunch import _compat
 from xlaunch.backends.supervise import run_attempt, run_attempts, signals_deferred
 from xlaunch.backends.xla.attempt import XlaAttempt
 from xlaunch.backends.xla.replica import Job
@@ -33,7 +32,6 @@ from xlaunch.worker.value import read_value
 def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
            args: tuple[Any, ...]) -> Outcome:
     """Run ``function(*args)`` on every replica of ``plan``; replica 0's result in the outcome."""
-    refuse_initialised_runtime()
     require_torch_xla()
     if spec.start_method != "fork":
         check_picklable(function, args)
@@ -74,14 +72,3 @@ def require_torch_xla() -> None:
         f"{install_line(runtime='torch_xla')}",
         name="torch_xla")
 
-
-def refuse_initialised_runtime() -> None:
-    if not _compat.xla_runtime_is_initialized():
-        return
-    raise RuntimeError(
-        "The XLA runtime is already initialised in this process, and torch_xla cannot start "
-        "replicas after that. Something in an earlier cell used the XLA device: an XLA tensor or "
-        "model (.to(torch_xla.device())), torch_xla.device() / xm.xla_device(), or an ordinal or "
-        "world-size query (xr.global_ordinal(), xr.world_size()). Restart the kernel and launch "
-        "before any cell touches the XLA device (do that work inside the launched function)."
-    )

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from xlaunch import stopping
+from xlaunch import _compat, stopping
 from xlaunch.backends.xla.metrics import DEBUG_FILE_VAR, collect
 from xlaunch.worker import process_tree
 from xlaunch.worker.launch_dir import LaunchDir, note, private_file
@@ -88,16 +88,12 @@ def _spmd_refused() -> Any:
     if xr.is_spmd():  # an SPMD launch: calling it again is harmless
         yield
         return
-    original = xr.use_spmd
 
     def use_spmd(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError(SPMD_IN_A_REPLICA)
 
-    xr.use_spmd = use_spmd
-    try:
+    with _compat.standing_in(xr, "use_spmd", use_spmd):
         yield
-    finally:
-        xr.use_spmd = original
 
 
 def replica_inputs(job: Job) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -185,16 +181,12 @@ def _prepare_process(job: Job) -> None:
 
             # Several processes writing one cache race (torch_xla's own tests give each process
             # its folder); set up before the first compilation, which would fix the cache.
-            xr.initialize_cache(os.path.join(job.compile_cache, f"process-{process}"))
+            cache = os.path.expanduser(job.compile_cache)
+            xr.initialize_cache(os.path.join(cache, f"process-{process}"))
 
 
 def world() -> tuple[int, int]:
-    """World size and this replica's ordinal on its host: torch_xla.runtime, else its forerunners."""
-    try:
-        import torch_xla.runtime as xr
+    """World size and this replica's ordinal on its host."""
+    import torch_xla.runtime as xr
 
-        return int(xr.world_size()), int(xr.local_ordinal())
-    except (ImportError, AttributeError):
-        import torch_xla.core.xla_model as xm
-
-        return int(xm.xrt_world_size()), int(xm.get_local_ordinal())
+    return int(xr.world_size()), int(xr.local_ordinal())
