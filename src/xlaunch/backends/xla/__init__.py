@@ -76,7 +76,8 @@ def relay_displays(plan: LaunchPlan, spec: XlaSpec) -> DisplayRelay | None:
     """In a Jupyter kernel, forked replicas' displays (and text) reach the cell through the caller,
     as on the elastic path: one socket per replica process, each inherited through ``xmp.spawn``'s
     fork (and a leader's). Not where replicas are threads of one process (v2/v3): they share the
-    kernel session a replica's displays are routed through. Not under spawn/forkserver."""
+    kernel session a replica's displays are routed through (XLA's CPU device with several devices is
+    one process too). Not under spawn/forkserver."""
     if spec.start_method != "fork" or spec.threads_per_process != 1:
         return None
     fold = spec.line_prefix == XlaSpec.line_prefix and os.environ.get(FOLD_ENV, "1") != "0"
