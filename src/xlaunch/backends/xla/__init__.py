@@ -14,9 +14,12 @@ the launch thread), `leader` (from a forked leader), `replica` (what each replic
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from typing import Any
 
+from xlaunch.backends.displays import DisplayRelay
+from xlaunch.backends.lines import FOLD_ENV
 from xlaunch.backends.supervise import run_attempt, run_attempts, signals_deferred
 from xlaunch.backends.xla.attempt import XlaAttempt
 from xlaunch.backends.xla.replica import Job
@@ -36,11 +39,13 @@ def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
     if spec.start_method != "fork":
         check_picklable(function, args)
     launch_dir = LaunchDir.create()
+    displays = relay_displays(plan, spec)
     setup = WorkerSetup(
         launch_dir.folder, {WORLD_VAR: "xla", **plan.worker_variables()},
         # Two replicas sharing a process (v2/v3 threads) would share one prefixed stdout.
         line_prefix=spec.line_prefix if spec.threads_per_process == 1 else None,
-        prefix_single=spec.line_prefix != XlaSpec.line_prefix)
+        prefix_single=spec.line_prefix != XlaSpec.line_prefix,
+        display_fds=displays.fds if displays is not None else None)
 
     def one_attempt(attempt: int, timeout: float | None) -> Outcome:
         job = Job(function, args, setup, attempt, compile_cache=spec.compile_cache,
@@ -60,7 +65,21 @@ def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
         return run_attempts(spec.max_restarts, plan.timeout, one_attempt)
     finally:
         with signals_deferred():
+            if displays is not None:  # every replica has ended: what they sent is shown, then freed
+                displays.close()
             launch_dir.remove()
+
+
+def relay_displays(plan: LaunchPlan, spec: XlaSpec) -> DisplayRelay | None:
+    """In a Jupyter kernel, forked replicas' displays (and text) reach the cell through the caller,
+    as on the elastic path: one socket per replica process, each inherited through ``xmp.spawn``'s
+    fork (and a leader's). Not where replicas are threads of one process (v2/v3): they share the
+    kernel session a replica's displays are routed through (XLA's CPU device with several devices is
+    one process too). Not under spawn/forkserver."""
+    if spec.start_method != "fork" or spec.threads_per_process != 1:
+        return None
+    fold = spec.line_prefix == XlaSpec.line_prefix and os.environ.get(FOLD_ENV, "1") != "0"
+    return DisplayRelay.for_kernel(plan.num_processes, fold)
 
 
 def require_torch_xla() -> None:
