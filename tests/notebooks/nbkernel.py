@@ -60,6 +60,8 @@ class CellRun:
     # each widget's state (comm_open, then its "update" messages), as a notebook stores them.
     display_states: dict[str, dict[str, Any]] = field(default_factory=dict)
     widget_states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Every display and display update that names a display id, in order: (id, data).
+    display_updates: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     @property
     def output(self) -> str:
@@ -126,8 +128,10 @@ class Kernel:
                 display_id = content.get("transient", {}).get("display_id")
                 if display_id is not None:
                     run.display_states[display_id] = content["data"]
+                    run.display_updates.append((display_id, content["data"]))
             elif kind == "update_display_data":
                 display_id = content.get("transient", {}).get("display_id")
+                run.display_updates.append((display_id, content["data"]))
                 if display_id in run.display_states:
                     run.display_states[display_id] = content["data"]
             elif kind in ("comm_open", "comm_msg"):
