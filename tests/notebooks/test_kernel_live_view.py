@@ -64,6 +64,28 @@ def test_the_live_view_shows_each_ranks_state_and_last_line_then_goes(kernel):
     assert updates[-1][1] == {"text/plain": ""}, updates[-1]
 
 
+def test_a_failed_rank_and_the_peer_it_stopped_show_so_then_the_view_goes(kernel):
+    kernel.run(DEFINITIONS)
+    cell = kernel.run('''
+def fails():
+    rank = ProcessState().process_index
+    print(f"working on rank {rank}")
+    time.sleep(1.0)
+    if rank == 1:
+        raise ValueError("rank 1 gives up")
+    time.sleep(60)
+
+notebook_launcher(fails, num_processes=2)
+''')
+    assert cell.status == "error", cell.describe()
+    updates = live_updates(cell)
+    tables = [rows(data["text/html"]) for _, data in updates if "text/html" in data]
+    assert tables, updates
+    assert tables[-1][1][0] == "failed" and tables[-1][0][0] == "stopped", tables[-1]
+    assert tables[-1][0][2] == "working on rank 0", tables[-1]
+    assert updates[-1][1] == {"text/plain": ""}, updates[-1]  # a failed launch: no view left
+
+
 def test_the_live_view_becomes_the_report_when_the_report_shows(kernel):
     kernel.run(DEFINITIONS)
     cell = kernel.run('''

@@ -5,11 +5,12 @@ Made by the relay (`backends.displays`), hence only when the caller is a Jupyter
 workers are forked; ``XLAUNCH_LIVE_VIEW=0`` turns it off. Every state comes from facts the caller
 already has, never a guess: the workers' marks in the launch folder (``pid-N``: running;
 ``returned-N``: finished; ``failure-N.json``: failed; ``cancelled-N`` or the launch's own
-``cancelled`` mark: stopped; none yet: starting) and what the relay received from each rank (its
-last line, its live line, its bar's text). The relay's thread calls `tick` at most every
-`REFRESH_S` seconds; it reads one folder and publishes only when the table changed (elapsed
-seconds are whole). At the end the launch replaces it with its report, or with nothing
-(`finish`).
+``cancelled`` mark: stopped; none yet: starting), the owner's record that it stopped the workers
+(`owner_stopped`: a failed peer, the timeout, the stop button; a rank still running is then
+stopped), and what the relay received from each rank (its last line, its live line, its bar's
+text). The relay's thread calls `tick` at most every `REFRESH_S` seconds; it reads one folder
+and publishes only when the table changed (elapsed seconds are whole). At the end the launch
+replaces it with its report, or with nothing (`finish`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import html
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,8 @@ class LiveView:
         self._plain = ""
         self._next = 0.0
         self.updates = 0  # messages published (the first display included)
+        # Whether the workers' owner stopped them (set by the launch: its owner's record).
+        self.owner_stopped: Callable[[], bool] = lambda: False
 
     @property
     def shown(self) -> bool:
@@ -124,6 +128,7 @@ class LiveView:
                         continue
                     with contextlib.suppress(OSError):
                         marks[match.group(1)][int(match.group(2))] = entry.stat().st_mtime
+        stopped = stopped or self.owner_stopped()
         ranks = sorted(set(range(self._ranks)) | set(marks["pid"]))
         wall = time.time()
         rows = []

@@ -82,6 +82,8 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
 
         run = DistAttempt(plan, spec, make_job, launch_dir, attempt,
                           None if nodes is not None else here, nodes)
+        if displays is not None and displays.live is not None:  # the owner's record of a stop
+            displays.live.owner_stopped = lambda: run.owner is not None and run.owner.stopped()
 
         def facts(timed_out: bool) -> Outcome:
             return Outcome(path=plan.path, world_size=plan.world_size, exits=run.exits(),
