@@ -140,3 +140,35 @@ def test_folding_keeps_each_ranks_order_and_can_be_turned_off():
     off.add(0, "stdout", [("[rank 0] ", "same\n")], now=1.0)
     off.add(1, "stdout", [("[rank 1] ", "same\n")], now=1.0)
     assert off.due(everything=True) == [("stdout", "[rank 0] same\n[rank 1] same\n")]
+
+
+def test_the_live_views_states_come_from_the_launch_folders_marks(tmp_path):
+    """No kernel: the view's rows read from a launch folder as the workers leave it."""
+    from xlaunch.backends.live_view import LiveView
+
+    published = []
+    view = LiveView(lambda *message: published.append(message), str(tmp_path), 3)
+    attempt = tmp_path / "attempt-0"
+    attempt.mkdir()
+    assert [row[1] for row in view.rows()] == ["starting"] * 3
+    for rank in range(3):
+        (attempt / f"pid-{rank}").write_text(f"{1000 + rank} {rank}")
+    (attempt / "returned-0").touch()
+    (attempt / "failure-1.json").write_text("{}")
+    view.saw_text(2, [("[rank 2] ", "step 1\n"), ("", "loss 0.25\n")])
+    view.saw_display(0, "comm_msg", {"data": {"method": "update",
+                                              "state": {"value": "5/10 [00:01&lt;00:01]"}}})
+    rows = view.rows()
+    assert [(rank, state, last) for rank, state, _, last in rows] == [
+        (0, "finished", "5/10 [00:01<00:01]"), (1, "failed", ""), (2, "running", "loss 0.25")]
+    view.tick(now=100.0)
+    view.tick(now=100.1)  # within the refresh interval: nothing
+    view.tick(now=101.0)  # nothing changed: nothing
+    assert [message[0] for message in published] == ["display_data"]
+    view.owner_stopped = lambda: True  # the owner stopped the workers: a running rank is stopped
+    assert view.rows()[2][1] == "stopped"
+    view.tick(now=102.0)
+    view.finish(None)
+    assert [message[0] for message in published] == ["display_data", "update_display_data",
+                                                     "update_display_data"]
+    assert published[-1][1]["data"] == {"text/plain": ""}

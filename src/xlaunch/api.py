@@ -170,12 +170,15 @@ def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ..
     global _LAST_REPORT
     _LAST_REPORT = report
     error = judge(outcome, report)
+    view = outcome.live_view  # in a notebook: the live view of the ranks, in the cell
     if error is not None:
+        if view is not None:
+            view.finish(None)
         error.__cause__ = outcome.exception
         _raise(error)
     if outcome.left_running:  # a failed launch names them in its error
         print(f"xlaunch: warning: {left_running_text(outcome.left_running)}", file=sys.stderr)
-    _print_report(plan, report)
+    _print_report(plan, report, view)
     if outcome.exception is not None:  # the launch itself failed before any worker ran
         raise outcome.exception
     return outcome.result
@@ -228,13 +231,20 @@ def last_report() -> LaunchReport | None:
 _LAST_REPORT: LaunchReport | None = None
 
 
-def _print_report(plan: LaunchPlan, report: LaunchReport) -> None:
-    """Show the report when it has something to say (`report_shown`): a table in a notebook,
-    text on stderr elsewhere."""
+def _print_report(plan: LaunchPlan, report: LaunchReport, view: Any = None) -> None:
+    """Show the report when it has something to say (`report_shown`): a table in a notebook
+    (in place of the launch's live view, `backends.live_view`, where it showed), text on stderr
+    elsewhere. A live view the report does not replace goes."""
     if not plan.report or not report_shown(report):
+        if view is not None:
+            view.finish(None)
         return
     display = _kernel_display()
-    if display is not None:
+    if display is not None and view is not None and view.shown:
+        from IPython.display import update_display
+
+        update_display(report, display_id=view.display_id)
+    elif display is not None:
         display(report)
     else:
         print(report, file=sys.stderr)

@@ -60,6 +60,16 @@ class CellRun:
     # each widget's state (comm_open, then its "update" messages), as a notebook stores them.
     display_states: dict[str, dict[str, Any]] = field(default_factory=dict)
     widget_states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Every display and display update that names a display id, in order: (id, data).
+    display_updates: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    # The cell's displays in order, as a notebook keeps them: [display id or None, last data].
+    outputs: list[list[Any]] = field(default_factory=list)
+
+    @property
+    def shown(self) -> list[dict[str, Any]]:
+        """The displays the cell shows at the end, each at its last state; an output updated to
+        an empty text (the launch's live view when no report takes its place) shows nothing."""
+        return [data for _, data in self.outputs if data != {"text/plain": ""}]
 
     @property
     def output(self) -> str:
@@ -124,10 +134,16 @@ class Kernel:
             elif kind == "display_data":
                 run.displays.append(content["data"])
                 display_id = content.get("transient", {}).get("display_id")
+                run.outputs.append([display_id, content["data"]])
                 if display_id is not None:
                     run.display_states[display_id] = content["data"]
+                    run.display_updates.append((display_id, content["data"]))
             elif kind == "update_display_data":
                 display_id = content.get("transient", {}).get("display_id")
+                run.display_updates.append((display_id, content["data"]))
+                for output in run.outputs:
+                    if display_id is not None and output[0] == display_id:
+                        output[1] = content["data"]
                 if display_id in run.display_states:
                     run.display_states[display_id] = content["data"]
             elif kind in ("comm_open", "comm_msg"):

@@ -50,7 +50,7 @@ def test_a_cpu_launch_with_nothing_to_say_displays_no_report(kernel):
     assert kernel.run(REPORTED).status == "ok"
     cell = kernel.run("notebook_launcher(rank_of, num_processes=2)")
     assert cell.status == "ok", cell.describe()
-    assert not cell.displays, cell.describe()  # no table of dashes after a plain CPU launch
+    assert not cell.shown, cell.describe()  # no table of dashes after a plain CPU launch
     assert cell.results == ["0"]
     # Still kept, and its text/plain is the summary, not the dataclass's fields.
     shown = kernel.run("import xlaunch\nxlaunch.last_report()")
@@ -61,14 +61,14 @@ def test_a_launch_with_torch_compile_counters_displays_the_table_with_a_row_per_
     assert kernel.run(REPORTED).status == "ok"
     cell = kernel.run("notebook_launcher(compiled_rank, num_processes=2)")
     assert cell.status == "ok", cell.describe()
-    html = [data["text/html"] for data in cell.displays if "text/html" in data]
+    html = [data["text/html"] for data in cell.shown if "text/html" in data]
     assert len(html) == 1, cell.describe()
     table = html[0]
     assert table.count('<tr class="xlaunch-rank">') == 2, table
     assert "<td>0</td>" in table and "<td>1</td>" in table
     assert "1 graph(s), 0 break(s)" in table  # what torch.compile did in each rank
     assert "peak memory" in table and 'class="xlaunch-memory-bar"' in table  # the machine's memory
-    plain = [data["text/plain"] for data in cell.displays if "text/html" in data][0]
+    plain = [data["text/plain"] for data in cell.shown if "text/html" in data][0]
     assert plain.startswith("xlaunch report: elastic launch, 2 rank(s) reported"), plain
     assert "RankReport(" not in plain
 
@@ -77,11 +77,11 @@ def test_a_timeout_displays_no_empty_table(kernel):
     assert kernel.run(REPORTED).status == "ok"
     cell = kernel.run("notebook_launcher(sleeps, num_processes=2, timeout=3)")
     assert cell.status == "error" and cell.error["ename"] == "LaunchTimeout", cell.describe()
-    assert not cell.displays, cell.describe()
+    assert not cell.shown, cell.describe()
 
 
 def test_report_false_displays_nothing(kernel):
     assert kernel.run(REPORTED).status == "ok"
     cell = kernel.run("notebook_launcher(compiled_rank, num_processes=2, report=False)")
     assert cell.status == "ok", cell.describe()
-    assert not cell.displays, cell.describe()
+    assert not cell.shown, cell.describe()

@@ -229,4 +229,4 @@ notebook_launcher(fails, num_processes=2)
     assert "notebook_launcher(fails, num_processes=2)" in frames
     assert "skipping hidden" not in frames, frames
     assert "bad batch 7" in cell.error["evalue"]
-    assert not cell.displays, "no report table before the error"
+    assert not cell.shown, "no report table before the error"

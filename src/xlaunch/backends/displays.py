@@ -25,6 +25,7 @@ from typing import Any
 
 from xlaunch import _compat
 from xlaunch.backends.lines import TextFolder
+from xlaunch.backends.live_view import LiveView
 from xlaunch.worker.displays import LENGTH_BYTES, TEXT
 
 FLUSH_S = 0.2
@@ -32,8 +33,13 @@ DRAIN_LIMIT_S = 10.0  # at the end: a stray process still writing cannot hold th
 
 
 class DisplayRelay:
-    def __init__(self, publish: Any, local_ranks: int, fold: bool = True) -> None:
+    def __init__(self, publish: Any, local_ranks: int, fold: bool = True,
+                 live_folder: str | None = None, live_ranks: int = 0) -> None:
         self._publish = publish
+        # The live view of the ranks (`live_view`), read from the launch's folder ``live_folder``;
+        # ``live_ranks``: the ranks 0.. it shows before their workers start (this node's, on one
+        # machine; with several, a rank shows once its worker started).
+        self.live = LiveView(publish, live_folder, live_ranks) if live_folder else None
         self._text = TextFolder(fold)
         self._pairs = [socket.socketpair() for _ in range(local_ranks)]
         self.fds = tuple(writer.fileno() for _, writer in self._pairs)
@@ -45,9 +51,12 @@ class DisplayRelay:
         self._thread.start()
 
     @classmethod
-    def for_kernel(cls, local_ranks: int, fold: bool) -> DisplayRelay | None:
+    def for_kernel(cls, local_ranks: int, fold: bool,
+                   live_folder: str | None = None, live_ranks: int = 0) -> DisplayRelay | None:
         publish = _compat.kernel_publisher()
-        return cls(publish, local_ranks, fold) if publish is not None else None
+        if publish is None:
+            return None
+        return cls(publish, local_ranks, fold, live_folder, live_ranks)
 
     def close(self) -> None:
         """Every worker has ended: publish what they sent, then free the sockets."""
@@ -67,18 +76,25 @@ class DisplayRelay:
             selector.register(reader, selectors.EVENT_READ, index)
         selector.register(self._wake, selectors.EVENT_READ, None)
         next_flush = time.monotonic() + FLUSH_S
+        live = self.live
         try:
             while True:
                 deadlines = [t for t in (next_flush if self._queue else None,
-                                         self._text.next_due()) if t is not None]
+                                         self._text.next_due(),
+                                         live.next_due() if live is not None else None)
+                             if t is not None]
                 wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
                 for key, _ in selector.select(wait):
                     if key.data is None:
                         self._drain()
                         self._show_text(everything=True)
                         self._flush()
+                        if live is not None:  # its last state: every rank's end, last line
+                            live.tick(force=True)
                         return
                     self._read(key.data)
+                if live is not None:
+                    live.tick()
                 self._show_text()
                 if self._queue and time.monotonic() >= next_flush:
                     self._flush()
@@ -128,7 +144,11 @@ class DisplayRelay:
                        metadata: dict[str, Any] | None, buffers: list[bytes]) -> None:
         if msg_type == TEXT:
             self._text.add(rank, content["name"], content["pieces"])
+            if self.live is not None:
+                self.live.saw_text(rank, content["pieces"])
             return
+        if self.live is not None:
+            self.live.saw_display(rank, msg_type, content)
         content = own_display_id(content, rank)
         key = update_key(msg_type, content, buffers)
         entry = self._pending.get(key) if key is not None else None

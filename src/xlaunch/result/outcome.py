@@ -86,6 +86,9 @@ class Outcome:
     exception: BaseException | None = field(default=None, compare=False)  # inline: the original
     rank_reports: tuple[RankReport, ...] = ()  # what each rank that ran measured of itself
     left_running: tuple[LeftRunning, ...] = ()  # what workers started that left the group
+    # In a notebook: the live view of the ranks (`backends.live_view`), for the caller to replace
+    # with the report or clear once the launch is judged.
+    live_view: Any = field(default=None, compare=False)
 
 
 def classify(rank_exit: RankExit, timed_out: bool) -> Cause | None:

@@ -24,6 +24,7 @@ are all gone before the next starts; with several machines every node restarts a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,7 @@ from xlaunch.backends.elastic.attempt import DistAttempt
 from xlaunch.backends.elastic.job import Job, World
 from xlaunch.backends.elastic.rendezvous import NodeRendezvous
 from xlaunch.backends.lines import FOLD_ENV
+from xlaunch.backends.live_view import live_view_on
 from xlaunch.backends.ports import choose_port
 from xlaunch.backends.supervise import run_attempt, run_attempts, signals_deferred
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
@@ -63,8 +65,12 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
     here = World(0, plan.num_processes, plan.num_processes, master_port=port)
     # In a Jupyter kernel, forked workers' displays reach the cell through the caller.
     fold = spec.log_line_prefix_template is None and os.environ.get(FOLD_ENV, "1") != "0"
-    displays = (DisplayRelay.for_kernel(plan.num_processes, fold) if spec.start_method == "fork"
-                else None)
+    # There too: a live view of the ranks in the cell (XLAUNCH_LIVE_VIEW=0: none).
+    live = live_view_on()
+    displays = (DisplayRelay.for_kernel(
+        plan.num_processes, fold, launch_dir.folder if live else None,
+        plan.num_processes if plan.num_nodes == 1 else 0)
+        if spec.start_method == "fork" else None)
     setup = WorkerSetup(launch_dir.folder, {**worker_variables(plan, spec), **(worker_env or {})},
                         line_prefix=spec.log_line_prefix_template or "[rank ${rank}] ",
                         prefix_single=spec.log_line_prefix_template is not None,
@@ -76,6 +82,8 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
 
         run = DistAttempt(plan, spec, make_job, launch_dir, attempt,
                           None if nodes is not None else here, nodes)
+        if displays is not None and displays.live is not None:  # the owner's record of a stop
+            displays.live.owner_stopped = lambda: run.owner is not None and run.owner.stopped()
 
         def facts(timed_out: bool) -> Outcome:
             return Outcome(path=plan.path, world_size=plan.world_size, exits=run.exits(),
@@ -86,15 +94,21 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
 
         return run_attempt(run, timeout, facts)
 
+    view = displays.live if displays is not None else None
+    ended = False
     try:
-        return run_attempts(spec.max_restarts, plan.timeout, one_attempt)
+        outcome = run_attempts(spec.max_restarts, plan.timeout, one_attempt)
+        ended = True
     finally:
         with signals_deferred():
             if displays is not None:  # every worker has ended: what they sent is shown, then freed
                 displays.close()
+                if view is not None and not ended:  # no report will take its place
+                    view.finish(None)
             if nodes is not None:
                 nodes.close()
             launch_dir.remove()
+    return dataclasses.replace(outcome, live_view=view) if view is not None else outcome
 
 
 def worker_variables(plan: LaunchPlan, spec: ElasticSpec) -> dict[str, str]:
