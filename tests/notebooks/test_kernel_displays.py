@@ -163,6 +163,21 @@ def train():
     assert [o["data"]["text/html"] for o in html] == ["<i>epoch 49</i>"], nb.cells[1].outputs
 
 
+def test_a_line_four_ranks_print_alike_shows_once_with_their_ranks(kernel):
+    cell = kernel.run('''
+from xlaunch import ProcessState, notebook_launcher
+
+def alike():
+    ProcessState().wait_for_everyone()  # all four released together: close together
+    print("validation done")
+
+notebook_launcher(alike, num_processes=4)
+''')
+    assert cell.status == "ok", cell.describe()
+    assert cell.stdout.count("validation done") == 1, cell.describe()
+    assert "[ranks 0-3] validation done\n" in cell.stdout, cell.describe()
+
+
 def test_a_line_both_ranks_print_alike_shows_once_unless_folding_is_off(kernel):
     cell = kernel.run('''
 def alike():
