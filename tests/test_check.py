@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -112,13 +113,20 @@ def test_a_one_process_check_forms_a_group_of_one_and_all_reduces_over_it():
 
 
 def test_the_group_of_one_ends_with_the_check():
-    import torch.distributed as dist
-
-    from xlaunch.cli.check_steps import run_checks
-
-    done = run_checks(CheckConfig(world_size=1))
-    assert done["details"]["all-reduce"] == "sum 1 on every rank (gloo)"
-    assert not dist.is_initialized()
+    # In its own interpreter: the check's training steps run a backward in the calling process,
+    # which starts autograd's device threads on torch's CUDA builds, and the plans of the tests
+    # after it would then spawn their workers (the machine fact `autograd_threads`).
+    code = textwrap.dedent("""
+        import json, torch.distributed as dist
+        from xlaunch.cli.check_steps import CheckConfig, run_checks
+        done = run_checks(CheckConfig(world_size=1))
+        print(json.dumps([done["details"]["all-reduce"], dist.is_initialized()]))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["sum 1 on every rank (gloo)",
+                                                                 False]
 
 
 def test_the_cuda_check_script_says_there_is_nothing_to_check_without_a_gpu(tmp_path):

@@ -302,7 +302,7 @@ IN_C = """
     verdicts = []                                      # parts is paid before the timed launches
     for _ in range(20):
         try:
-            xlaunch.notebook_launcher(work, num_processes=2, timeout=0.5)
+            xlaunch.notebook_launcher(work, num_processes=2, timeout=1.0)
             verdicts.append("returned")
         except xlaunch.LaunchTimeout as error:
             verdicts.append("timeout" if " in work" in str(error) else str(error))

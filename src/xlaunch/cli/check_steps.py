@@ -50,8 +50,11 @@ def _group_of_one(state: Any) -> Iterator[Any]:
         return
     import torch.distributed as dist
 
-    dist.init_process_group("nccl" if state.device.type == "cuda" else "gloo",
-                            store=dist.HashStore(), rank=0, world_size=1)
+    from xlaunch.worker.rank import native_stdout_to_stderr
+
+    with native_stdout_to_stderr():  # gloo on torch 2.8 prints a line: not in --json's output
+        dist.init_process_group("nccl" if state.device.type == "cuda" else "gloo",
+                                store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield state
     finally:

@@ -19,7 +19,7 @@ import string
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -225,6 +225,24 @@ def not_interactive() -> None:
         if hasattr(sys, name):
             delattr(sys, name)
     _compat.lightning_in_a_worker()
+
+
+@contextlib.contextmanager
+def native_stdout_to_stderr() -> Iterator[None]:
+    """While the group forms, what native code writes to stdout goes to stderr: gloo on torch 2.8
+    prints a line per group there (C stdio), which would land in ``xlaunch check --json``'s output
+    or a script's own. The worker's stdout is its own again afterwards."""
+    flush_output()
+    c_library = libc()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        if c_library is not None:
+            c_library.fflush(None)  # what C stdio holds goes out now, to stderr
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def flush_output() -> None:

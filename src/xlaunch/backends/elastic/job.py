@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -21,7 +21,7 @@ from xlaunch.names import STORE_DIR_VAR
 from xlaunch.plan.options import DEFAULT_MASTER_ADDR
 from xlaunch.plan.specs import ElasticSpec
 from xlaunch.worker.launch_dir import GROUP_STORE
-from xlaunch.worker.rank import Worker, WorkerSetup, by_value, flush_output, libc
+from xlaunch.worker.rank import Worker, WorkerSetup, by_value, native_stdout_to_stderr
 
 STORE_TIMEOUT_S = 300.0  # forming the group through another node's store
 
@@ -135,30 +135,12 @@ class Job:
             tcp = dist.TCPStore(world.master_addr, world.master_port, None, False,
                                 timedelta(seconds=STORE_TIMEOUT_S))
             store = dist.PrefixStore(f"{world.store_prefix}/attempt_{self.attempt}", tcp)
-        with _stdout_to_stderr():  # gloo on torch 2.8 prints "[Gloo] Rank 0 is connected..."
+        with native_stdout_to_stderr():  # gloo on torch 2.8 prints "[Gloo] Rank 0 is connected..."
             dist.init_process_group(self.spec.dist_backend, store=store, rank=rank,
                                     world_size=world.world_size)
         # Gloo finishes connecting pairs lazily: a rank that returned at once and exited would
         # break a peer still connecting. Everyone starts the function together.
         dist.barrier()
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """While the group forms, what native code writes to stdout goes to stderr: gloo on torch 2.8
-    prints a line per group there (C stdio), which would land in ``xlaunch check --json``'s output
-    or a script's own. The worker's stdout is its own again afterwards."""
-    flush_output()
-    c_library = libc()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        if c_library is not None:
-            c_library.fflush(None)  # what C stdio holds goes out now, to stderr
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _destroy_groups() -> None:
