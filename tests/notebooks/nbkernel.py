@@ -64,6 +64,9 @@ class CellRun:
     display_updates: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     # The cell's displays in order, as a notebook keeps them: [display id or None, last data].
     outputs: list[list[Any]] = field(default_factory=list)
+    # The processes that sent the cell's displays and widget messages (the pid in each message's
+    # id, which jupyter_client's Session writes as "<session>_<pid>_<n>").
+    display_senders: set[int] = field(default_factory=set)
 
     @property
     def shown(self) -> list[dict[str, Any]]:
@@ -124,6 +127,8 @@ class Kernel:
 
         def collect(message: dict[str, Any]) -> None:
             kind, content = message["msg_type"], message["content"]
+            if kind in ("display_data", "update_display_data", "comm_open", "comm_msg"):
+                run.display_senders.add(int(message["header"]["msg_id"].rsplit("_", 2)[1]))
             if kind == "stream":
                 if content["name"] == "stdout":
                     run.stdout += content["text"]

@@ -43,6 +43,7 @@ notebook_launcher(train, num_processes=2)
     assert bars[0]["value"] == bars[0]["max"] == 40, bars
     shown = [d for d in cell.displays if "application/vnd.jupyter.widget-view+json" in d]
     assert len(shown) == 1, cell.displays
+    assert cell.display_senders == {kernel.pid}, "a worker wrote to the kernel's sockets"
 
 
 def test_a_bar_on_each_rank_gives_two_finished_bars(kernel):
@@ -82,6 +83,7 @@ notebook_launcher(shows, num_processes=2)
     states = [data for display_id, data in cell.display_states.items()
               if not display_id.startswith("xlaunch-live")]
     assert states[0]["text/html"] == "<b>step 199</b>"
+    assert cell.display_senders == {kernel.pid}, "a worker wrote to the kernel's sockets"
 
 
 def test_a_notebooks_logging_configuration_keeps_the_rank_on_workers_lines(kernel):
