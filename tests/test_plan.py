@@ -106,6 +106,19 @@ def test_one_machine_on_the_engine_takes_every_option_it_uses() -> None:
     assert several.master_addr == "10.0.0.2" and not several.loopback_only
 
 
+def test_several_nodes_at_a_loopback_address_say_they_can_only_meet_on_this_machine() -> None:
+    for address in ("127.0.0.1", "localhost", "::1", "127.0.1.1"):
+        notes = plan(CPU, num_processes=2, num_nodes=2, master_addr=address).notes
+        assert any(f"master_addr={address} is this machine's loopback" in note and
+                   "node 0's address" in note for note in notes), (address, notes)
+    assert not plan(CPU, num_processes=2, num_nodes=2).spec.loopback_only  # the default too
+    assert any("loopback" in note for note in plan(CPU, num_processes=2, num_nodes=2).notes)
+    for quiet in (dict(master_addr="10.0.0.2"), dict(master_addr="node0.cluster"),
+                  dict(rdzv_backend="c10d", rdzv_endpoint="10.0.0.2:29400")):
+        assert not plan(CPU, num_processes=2, num_nodes=2, **quiet).notes, quiet
+    assert not plan(CPU, num_processes=2).notes  # one node is on loopback by design
+
+
 def test_decisions_live_in_the_plan() -> None:
     spec = plan(CPU, num_processes=2).spec
     assert spec.cpu_threads == 1 and spec.socket_ifname == "lo"  # 2 cores / 2 processes

@@ -11,6 +11,7 @@ device, the check interval are all decided here.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 from collections.abc import Mapping
@@ -277,19 +278,36 @@ def _torch_plan(accelerator: Accelerator, count: int, dist_backend: DistBackend,
     spec = ElasticSpec(dist_backend=dist_backend, start_method=method, cpu_threads=cpu_threads,
                        **engine_fields(options))
     return LaunchPlan(accelerator, count, world, spec, num_nodes=options.num_nodes,
-                      notes=fork_notes + interface_notes(spec, environ), **common(options))
+                      notes=fork_notes + interface_notes(spec, options.num_nodes, environ),
+                      **common(options))
 
 
-def interface_notes(spec: ElasticSpec, environ: Mapping[str, str]) -> tuple[str, ...]:
-    """One machine's workers meet on loopback, unless the environment names an interface."""
+def interface_notes(spec: ElasticSpec, num_nodes: int,
+                    environ: Mapping[str, str]) -> tuple[str, ...]:
+    """One machine's workers meet on loopback, unless the environment names an interface;
+    several nodes meeting at a loopback address can only be on this machine."""
     if not spec.loopback_only:
-        return ()
+        if num_nodes == 1 or spec.rdzv_endpoint or not is_loopback(spec.master_addr):
+            return ()
+        return (f"master_addr={spec.master_addr} is this machine's loopback: the {num_nodes} "
+                "nodes can meet only if they all run here (right for trying several nodes on one "
+                "machine); across machines, give every node node 0's address",)
     return tuple(
         f"{name}={environ[name]} is set in this environment: the workers' process group "
         "listens on that interface, which may be beyond loopback (unset it to keep a "
         "one-machine launch on loopback)"
         for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
         if environ.get(name, "lo") != "lo")
+
+
+def is_loopback(address: str) -> bool:
+    """An address (or ``localhost``) that reaches only the machine it is used on."""
+    if address.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: where it points is for the resolver to say, not the plan
+        return False
 
 
 def engine_fields(options: LaunchOptions) -> dict[str, Any]:
