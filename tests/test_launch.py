@@ -507,6 +507,15 @@ def test_two_nodes_form_one_world(tmp_path):
     assert len(results) == 2, outputs
     # Each node returns its own local rank 0: global ranks 0 and 2 of a world of 4; 0+1+2+3 = 6.
     assert results == ["result (0, 4, 6.0)", "result (2, 4, 6.0)"]
+    # c10d numbers the machines as they arrive: the launch line cannot say which node this is,
+    # the rendezvous does once they meet (the node_rank given is not what places a machine).
+    placed = sorted(line for _, err in outputs for line in err.splitlines()
+                    if "rendezvous made this machine" in line)
+    assert placed == ["xlaunch: the c10d rendezvous made this machine node 0 of 2, ranks 0-1",
+                      "xlaunch: the c10d rendezvous made this machine node 1 of 2, ranks 2-3"], \
+        outputs
+    assert all("as one of 2 nodes (torch elastic's c10d rendezvous numbers them)" in err
+               for _, err in outputs), outputs
 
 
 def precision_in_worker():

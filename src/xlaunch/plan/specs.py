@@ -80,6 +80,15 @@ class ElasticSpec:
     def socket_ifname(self) -> str | None:
         return "lo" if self.loopback_only else None
 
+    def place(self, num_nodes: int, machine: str) -> str:
+        """Where this machine sits among ``num_nodes``, as far as the plan knows: ``static`` takes
+        the given node rank; any other rendezvous numbers the machines as they arrive (and says
+        where it put this one when they meet)."""
+        if self.rdzv_backend == "static":
+            return f"on {machine} {self.node_rank} of {num_nodes} (torch elastic's static rendezvous)"
+        return f"as one of {num_nodes} {machine}s (torch elastic's {self.rdzv_backend} rendezvous " \
+               "numbers them)"
+
 
 @dataclass(frozen=True)
 class TorchTpuSpec(ElasticSpec):
@@ -177,12 +186,11 @@ class LaunchPlan:
             text = f"{count} TPU device{'' if count == 1 else 's'} through TorchTPU " \
                    f"({spec.dist_backend}, {spec.start_method})"
             if self.num_nodes > 1:
-                text += f" on host {spec.node_rank} of {self.num_nodes}"
+                text += f" {spec.place(self.num_nodes, 'host')}"
         elif isinstance(spec, ElasticSpec):
             text += f" through torch.multiprocessing ({spec.dist_backend}, {spec.start_method})"
             if self.num_nodes > 1:
-                text += f" on node {spec.node_rank} of {self.num_nodes} (torch elastic's " \
-                        f"{spec.rdzv_backend} rendezvous)"
+                text += f" {spec.place(self.num_nodes, 'node')}"
         else:
             text += " in this process"
         return text

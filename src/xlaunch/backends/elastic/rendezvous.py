@@ -15,6 +15,7 @@ calls, which nothing can interrupt: they are bounded by the launch's own timeout
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from xlaunch.backends.elastic.job import World
@@ -56,6 +57,11 @@ class NodeRendezvous:
         bootstrap = info.bootstrap_store_info
         assert bootstrap is not None  # every rendezvous of torch >= 2.4 gives it
         per_node = self.plan.num_processes
+        if self.spec.rdzv_backend != "static":  # the launch line could not say where it sits
+            again = f" (attempt {attempt})" if attempt else ""
+            print(f"xlaunch: the {self.spec.rdzv_backend} rendezvous made this machine node "
+                  f"{info.rank} of {info.world_size}, ranks {info.rank * per_node}-"
+                  f"{(info.rank + 1) * per_node - 1}{again}", file=sys.stderr, flush=True)
         return World(rank_offset=info.rank * per_node, world_size=info.world_size * per_node,
                      local_world_size=per_node, node_rank=info.rank, num_nodes=info.world_size,
                      master_addr=bootstrap.master_addr, master_port=int(bootstrap.master_port),
