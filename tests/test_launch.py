@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -516,6 +517,56 @@ def test_two_nodes_form_one_world(tmp_path):
         outputs
     assert all("as one of 2 nodes (torch elastic's c10d rendezvous numbers them)" in err
                for _, err in outputs), outputs
+
+
+LONELY_NODE = """
+import sys, xlaunch
+def nothing():
+    return 1
+timeout = float(sys.argv[2]) if len(sys.argv) > 2 else None
+xlaunch.notebook_launcher(nothing, num_processes=1, num_nodes=2, rdzv_backend="c10d",
+                          rdzv_endpoint=sys.argv[1], rdzv_id="alone", timeout=timeout)
+"""
+
+
+def lonely_node(tmp_path, *arguments):
+    """One node of two, started alone: nobody else ever reaches its rendezvous."""
+    script = tmp_path / "lonely.py"
+    script.write_text(LONELY_NODE)
+    return subprocess.Popen([sys.executable, str(script), f"127.0.0.1:{free_port()}", *arguments],
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu"})
+
+
+def test_a_node_waiting_for_the_others_says_where_and_for_how_long_within_its_timeout(tmp_path):
+    started = time.monotonic()
+    node = lonely_node(tmp_path, "8")
+    try:
+        _, err = node.communicate(timeout=120)
+    finally:
+        node.kill()
+    waiting = [line for line in err.splitlines() if "waiting for the 2 nodes to meet at" in line]
+    assert waiting and "127.0.0.1:" in waiting[0], err
+    assert "c10d rendezvous" in waiting[0] and "gives up after 8 s" in waiting[0], err
+    assert "LaunchTimeout" in err and time.monotonic() - started < 8 + 20, err
+
+
+def test_without_a_timeout_a_waiting_node_says_so_and_names_the_engines_bound(tmp_path):
+    node = lonely_node(tmp_path)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(node.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any("waiting for" in line for line in lines):
+            time.sleep(0.2)
+    finally:
+        node.kill()
+        node.wait()
+    waiting = [line for line in lines if "waiting for the 2 nodes to meet at 127.0.0.1:" in line]
+    assert waiting, lines
+    assert "gives up after 600 s (torch elastic's own bound" in waiting[0], waiting
+    assert "rdzv_conf={'join_timeout': seconds}" in waiting[0], waiting
 
 
 def precision_in_worker():

@@ -16,12 +16,21 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
+import time
 from typing import Any
 
 from xlaunch.backends.elastic.job import World
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
 
 FAILED_KEY = "xlaunch/failed/attempt_{attempt}"
+# A machine waiting for the others says so after this long, then again at this interval: a
+# rendezvous nobody else reaches waits in silence otherwise, up to the engine's own bound.
+SAY_WAITING_AFTER_S = 5.0
+SAY_AGAIN_EVERY_S = 30.0
+# torch elastic's own bound on a rendezvous (static's ``timeout``, c10d's ``join_timeout``),
+# where neither ``timeout=`` nor ``rdzv_conf`` gives one.
+ENGINE_BOUND_S = 600
 
 
 class NodeRendezvous:
@@ -39,6 +48,7 @@ class NodeRendezvous:
         self.handler = rendezvous_handler_registry.create_handler(parameters)
         self.store: Any = None
         self.node_rank = spec.node_rank
+        self.endpoint = endpoint
 
     def _conf(self) -> dict[str, Any]:
         conf = dict(self.spec.rdzv_conf)
@@ -52,7 +62,13 @@ class NodeRendezvous:
 
     def meet(self, attempt: int) -> World:
         """Wait for every node (each attempt: a restart meets again), then this node's place."""
-        info = self.handler.next_rendezvous()
+        met = threading.Event()
+        threading.Thread(target=self._say_while_waiting, args=(met,), daemon=True,
+                         name="xlaunch-rendezvous-wait").start()
+        try:
+            info = self.handler.next_rendezvous()
+        finally:
+            met.set()
         self.store, self.node_rank = info.store, info.rank
         bootstrap = info.bootstrap_store_info
         assert bootstrap is not None  # every rendezvous of torch >= 2.4 gives it
@@ -66,6 +82,25 @@ class NodeRendezvous:
                      local_world_size=per_node, node_rank=info.rank, num_nodes=info.world_size,
                      master_addr=bootstrap.master_addr, master_port=int(bootstrap.master_port),
                      store_prefix=f"/xlaunch/{self.spec.rdzv_id}")
+
+    def bound(self) -> str:
+        """How long the rendezvous waits before it gives up, and what sets that."""
+        name = "timeout" if self.spec.rdzv_backend == "static" else "join_timeout"
+        conf = self._conf()
+        if name in conf:
+            given = "rdzv_conf" if name in self.spec.rdzv_conf else "the launch's timeout="
+            return f"gives up after {conf[name]} s ({given})"
+        return f"gives up after {ENGINE_BOUND_S} s (torch elastic's own bound; timeout= or " \
+               f"rdzv_conf={{'{name}': seconds}} change it)"
+
+    def _say_while_waiting(self, met: threading.Event) -> None:
+        started, wait = time.monotonic(), SAY_WAITING_AFTER_S
+        while not met.wait(wait):
+            print(f"xlaunch: waiting for the {self.plan.num_nodes} nodes to meet at {self.endpoint} "
+                  f"(torch elastic's {self.spec.rdzv_backend} rendezvous, "
+                  f"{time.monotonic() - started:.0f} s so far); it {self.bound()}",
+                  file=sys.stderr, flush=True)
+            wait = SAY_AGAIN_EVERY_S
 
     def report_failure(self, attempt: int) -> None:
         try:
