@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, in tiers: lint and types, core tests (torch CPU; then torch 2.8, the floor,
-# and 2.15, the newest: XLAUNCH_SKIP_TORCH_RELEASES=1 skips those two), notebooks in a real
+# and 2.15, the newest: XLAUNCH_SKIP_TORCH_RELEASES=1 skips those two), several hosts in network
+# namespaces, notebooks in a real
 # Jupyter kernel, the docs build, the package as built and installed, the torch_xla tiers (2.9,
 # and 2.8 as Kaggle's TPU image pins it), the TorchTPU tier and the browser tier (JupyterLab in
 # headless Chromium), each in its own venv.
@@ -57,7 +58,7 @@ BIN=$(dirname "$PY")
 run_tier "lint (ruff)" "$BIN/ruff" check src tests bench
 run_tier "types (mypy)" "$BIN/mypy"
 run_tier "core tests (torch $("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))'))" \
-  "$PY" -m pytest tests --ignore=tests/xla --ignore=tests/notebooks --ignore=tests/torch_tpu --ignore=tests/browser -q -p no:cacheprovider
+  "$PY" -m pytest tests --ignore=tests/xla --ignore=tests/notebooks --ignore=tests/torch_tpu --ignore=tests/browser --ignore=tests/hosts -q -p no:cacheprovider
 # The same core tests on the other torch releases a user may have: the floor pyproject declares
 # (2.8.0) and the newest on the registry (2.15.0). The registry has only CUDA builds of them (about
 # 6 GB a venv, built once); they run on the CPU here. This machine's pip config caps torch at
@@ -68,12 +69,18 @@ torch_release_tier() {  # torch_release_tier NAME REQUIREMENTS WHAT [CONSTRAINTS
   rpy=$(if [ -n "${4:-}" ]; then export PIP_CONSTRAINT="$PWD/$4"; fi; checkout_venv "$1" "$2")
   version=$("$rpy" -c 'import importlib.metadata as m; print(m.version("torch"))')
   run_tier "core tests (torch $version, $3)" \
-    "$rpy" -m pytest tests --ignore=tests/xla --ignore=tests/notebooks --ignore=tests/torch_tpu --ignore=tests/browser -q -p no:cacheprovider
+    "$rpy" -m pytest tests --ignore=tests/xla --ignore=tests/notebooks --ignore=tests/torch_tpu --ignore=tests/browser --ignore=tests/hosts -q -p no:cacheprovider
 }
 if [ "${XLAUNCH_SKIP_TORCH_RELEASES:-0}" != 1 ]; then
   torch_release_tier core-torch28 requirements/core-torch28.txt "the floor"
   torch_release_tier core-torch215 requirements/core-torch215.txt "the newest" \
     requirements/constraints-torch215.txt
+fi
+# Several hosts on this machine: network namespaces joined by a bridge (tests/hosts; needs root
+# and iproute2, as CI runs). Where they cannot be made, pytest's -rs line says why, and the tier
+# says SKIPPED.
+if [ -d tests/hosts ]; then
+  run_tier "multi-host tier (network namespaces)" "$PY" -m pytest tests/hosts -q -rs -p no:cacheprovider
 fi
 if [ -d tests/notebooks ]; then
   run_tier "notebook tests (real Jupyter kernel)" "$PY" -m pytest tests/notebooks -q -p no:cacheprovider

@@ -31,6 +31,8 @@ SAY_AGAIN_EVERY_S = 30.0
 # torch elastic's own bound on a rendezvous (static's ``timeout``, c10d's ``join_timeout``),
 # where neither ``timeout=`` nor ``rdzv_conf`` gives one.
 ENGINE_BOUND_S = 600
+# Leaving the rendezvous tells the store; a store cut off is not waited for longer than this.
+CLOSE_WAIT_S = 5.0
 
 
 class NodeRendezvous:
@@ -49,6 +51,8 @@ class NodeRendezvous:
         self.store: Any = None
         self.node_rank = spec.node_rank
         self.endpoint = endpoint
+        self._watched: dict[int, str | None] = {}  # attempt -> another node's failure, once seen
+        self._closed = threading.Event()
 
     def _conf(self) -> dict[str, Any]:
         conf = dict(self.spec.rdzv_conf)
@@ -102,25 +106,52 @@ class NodeRendezvous:
                   file=sys.stderr, flush=True)
             wait = SAY_AGAIN_EVERY_S
 
+    # The store lives on another machine: a call to it can block for minutes when that machine
+    # is cut off (no reset arrives; torch's store gives up after its own timeout). Nothing here
+    # makes one in the launch thread: it must see its workers end, and the caller's timeout and
+    # stop button wait for it. Store calls run in daemon threads; the launch thread reads what
+    # they found.
+
     def report_failure(self, attempt: int) -> None:
-        try:
-            self.store.set(FAILED_KEY.format(attempt=attempt), f"node {self.node_rank}")
-        except Exception:  # the store's host may be gone already; its own workers fail anyway
-            pass
+        """Tell the other nodes (in the background: a cut-off store must not hold the stop)."""
+        def tell() -> None:
+            try:
+                self.store.set(FAILED_KEY.format(attempt=attempt), f"node {self.node_rank}")
+            except Exception:  # the store's host may be gone already; its own workers fail anyway
+                pass
+        threading.Thread(target=tell, daemon=True, name="xlaunch-store-tell").start()
 
     def failed_elsewhere(self, attempt: int) -> str | None:
-        """Why this node's workers must stop: another node said one of its workers failed."""
+        """Why this node's workers must stop: another node said one of its workers failed (as
+        the store watcher last found it; never waits on the store)."""
+        if attempt not in self._watched:
+            self._watched[attempt] = None
+            threading.Thread(target=self._watch_store, args=(attempt,), daemon=True,
+                             name="xlaunch-store-watch").start()
+        return self._watched[attempt]
+
+    def _watch_store(self, attempt: int) -> None:
         key = FAILED_KEY.format(attempt=attempt)
-        try:
-            if not self.store.check([key]):
-                return None
-            node = self.store.get(key).decode()
-        except Exception:  # a node that finished and closed the store is no failure
-            return None
-        return None if node == f"node {self.node_rank}" else f"a worker on {node} failed"
+        while not self._closed.wait(self.spec.monitor_interval) and attempt == max(self._watched):
+            try:
+                if not self.store.check([key]):
+                    continue
+                node = self.store.get(key).decode()
+            except Exception:  # a node that finished and closed the store is no failure
+                return
+            if node != f"node {self.node_rank}":
+                self._watched[attempt] = f"a worker on {node} failed"
+            return
 
     def close(self) -> None:
-        try:
-            self.handler.shutdown()
-        except Exception:
-            pass
+        """Leave the rendezvous; waits at most CLOSE_WAIT_S for a store that may be cut off."""
+        self._closed.set()
+
+        def shutdown() -> None:
+            try:
+                self.handler.shutdown()
+            except Exception:
+                pass
+        closing = threading.Thread(target=shutdown, daemon=True, name="xlaunch-rendezvous-close")
+        closing.start()
+        closing.join(CLOSE_WAIT_S)
