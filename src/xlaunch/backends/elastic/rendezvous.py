@@ -24,6 +24,7 @@ from xlaunch.backends.elastic.job import World
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
 
 FAILED_KEY = "xlaunch/failed/attempt_{attempt}"
+PROCESSES_KEY = "xlaunch/processes/attempt_{attempt}"  # /<node rank>: that node's process count
 # A machine waiting for the others says so after this long, then again at this interval: a
 # rendezvous nobody else reaches waits in silence otherwise, up to the engine's own bound.
 SAY_WAITING_AFTER_S = 5.0
@@ -77,6 +78,7 @@ class NodeRendezvous:
         bootstrap = info.bootstrap_store_info
         assert bootstrap is not None  # every rendezvous of torch >= 2.4 gives it
         per_node = self.plan.num_processes
+        self._same_counts(attempt, info.rank, info.world_size)
         if self.spec.rdzv_backend != "static":  # the launch line could not say where it sits
             again = f" (attempt {attempt})" if attempt else ""
             print(f"xlaunch: the {self.spec.rdzv_backend} rendezvous made this machine node "
@@ -86,6 +88,19 @@ class NodeRendezvous:
                      local_world_size=per_node, node_rank=info.rank, num_nodes=info.world_size,
                      master_addr=bootstrap.master_addr, master_port=int(bootstrap.master_port),
                      store_prefix=f"/xlaunch/{self.spec.rdzv_id}")
+
+    def _same_counts(self, attempt: int, node_rank: int, num_nodes: int) -> None:
+        """Every node must run as many processes as this one: global ranks are numbered by node
+        from that count. Refused on every node alike, each told every node's count."""
+        key = PROCESSES_KEY.format(attempt=attempt)
+        self.store.set(f"{key}/{node_rank}", str(self.plan.num_processes))
+        counts = [int(self.store.get(f"{key}/{node}")) for node in range(num_nodes)]
+        if len(set(counts)) > 1:
+            each = ", ".join(f"node {node}: {count}" for node, count in enumerate(counts))
+            raise ValueError(
+                f"the nodes asked for different numbers of processes ({each}): every machine "
+                "must launch the same num_processes (global ranks are numbered node by node "
+                "from it)")
 
     def bound(self) -> str:
         """How long the rendezvous waits before it gives up, and what sets that."""
