@@ -1,10 +1,11 @@
 """Simulated hosts for the multi-host tier: network namespaces on this machine, joined by veth.
 
-Each host is a network namespace with its own address (10.77.0.<n>/24) on an ``eth0`` and its own
-loopback; a bridge in a namespace of its own joins them, so a host can be cut off (its link set
-down) while the others stay connected. Nothing is addressed outside the namespaces. Making them
-needs root and iproute2 (as CI runs); where they cannot be made, every test here is skipped with
-the reason, which scripts/test.sh prints as the tier's own line (conftest.py's ``hosts``).
+Each host is a network namespace with its own address (10.77.0.<n>/24) on an ``eth0``, its own
+loopback, and its own hostname (``xlhost<n>``) that every host's hosts file resolves; a bridge in
+a namespace of its own joins them, so a host can be cut off (its link set down) while the others
+stay connected. Nothing is addressed outside the namespaces. Making them needs root and iproute2
+(as CI runs); where they cannot be made, every test here is skipped with the reason, which
+scripts/test.sh prints as the tier's own line (conftest.py's ``hosts``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SUBNET = "10.77.0"
+NETNS_ETC = Path("/etc/netns")  # iproute2's per-namespace /etc files
 
 
 def ip(*arguments: str) -> None:
@@ -45,15 +47,25 @@ def why_no_hosts() -> str | None:
 class Host:
     namespace: str
     address: str
+    hostname: str
     processes: list[subprocess.Popen[str]] = field(default_factory=list)
 
     def start(self, *command: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         """Run a command in this host: its own network, this machine's files."""
-        process = subprocess.Popen(["ip", "netns", "exec", self.namespace, *command],
+        # Its own hostname too (a UTS namespace), which its hosts file resolves to its address
+        # (`ip netns exec` puts /etc/netns/<name>/hosts in place of /etc/hosts).
+        named = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', self.hostname]
+        process = subprocess.Popen(["ip", "netns", "exec", self.namespace, *named, *command],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    env={**os.environ, **(env or {})}, start_new_session=True)
         self.processes.append(process)
         return process
+
+    def running(self) -> list[int]:
+        """The pids of every process still in this host's network namespace."""
+        found = subprocess.run(["ip", "netns", "pids", self.namespace], capture_output=True,
+                               text=True)
+        return [int(pid) for pid in found.stdout.split()]
 
     def cut_off(self) -> None:
         """The host's link goes down: nothing reaches it, nothing it sends arrives (no reset)."""
@@ -80,7 +92,12 @@ def make_hosts(count: int, tag: str) -> list[Host]:
         ip("-n", namespace, "link", "set", "eth0", "up")
         ip("-n", bridge, "link", "set", f"p{number}", "master", "br0")
         ip("-n", bridge, "link", "set", f"p{number}", "up")
-        hosts.append(Host(namespace, f"{SUBNET}.{number}"))
+        hosts.append(Host(namespace, f"{SUBNET}.{number}", f"xlhost{number}"))
+    table = "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.hostname}\n" for h in hosts)
+    for host in hosts:
+        etc = NETNS_ETC / host.namespace
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text(table)
     return hosts
 
 
@@ -95,6 +112,7 @@ def remove_hosts(hosts: list[Host], tag: str) -> list[str]:
                 process.wait()
     for namespace in [host.namespace for host in hosts] + [f"xl{tag}br"]:
         subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+        shutil.rmtree(NETNS_ETC / namespace, ignore_errors=True)
     return left
 
 

@@ -38,22 +38,28 @@ CLOSE_WAIT_S = 5.0
 
 class NodeRendezvous:
     def __init__(self, plan: LaunchPlan, spec: ElasticSpec, port: int) -> None:
+        self.plan, self.spec = plan, spec
+        self.endpoint = spec.rdzv_endpoint or f"{spec.master_addr}:{port}"
+        self.handler: Any = None  # made at the first meeting, in the launch thread
+        self.store: Any = None
+        self.node_rank = spec.node_rank
+        self._watched: dict[int, str | None] = {}  # attempt -> another node's failure, once seen
+        self._closed = threading.Event()
+
+    def _handler(self) -> Any:
+        """torch elastic's handler. c10d's connects to its store as it is made (and may wait for
+        it): made in the launch thread, so that the timeout and the stop button apply."""
         from torch.distributed.elastic.rendezvous import (
             RendezvousParameters,
             rendezvous_handler_registry,
         )
 
-        self.plan, self.spec = plan, spec
-        endpoint = spec.rdzv_endpoint or f"{spec.master_addr}:{port}"
-        parameters = RendezvousParameters(
-            backend=spec.rdzv_backend, endpoint=endpoint, run_id=spec.rdzv_id,
-            min_nodes=plan.num_nodes, max_nodes=plan.num_nodes, **self._conf())
-        self.handler = rendezvous_handler_registry.create_handler(parameters)
-        self.store: Any = None
-        self.node_rank = spec.node_rank
-        self.endpoint = endpoint
-        self._watched: dict[int, str | None] = {}  # attempt -> another node's failure, once seen
-        self._closed = threading.Event()
+        if self.handler is None:
+            parameters = RendezvousParameters(
+                backend=self.spec.rdzv_backend, endpoint=self.endpoint, run_id=self.spec.rdzv_id,
+                min_nodes=self.plan.num_nodes, max_nodes=self.plan.num_nodes, **self._conf())
+            self.handler = rendezvous_handler_registry.create_handler(parameters)
+        return self.handler
 
     def _conf(self) -> dict[str, Any]:
         conf = dict(self.spec.rdzv_conf)
@@ -61,6 +67,7 @@ class NodeRendezvous:
             limit = max(1, math.ceil(self.plan.timeout))
             conf.setdefault("timeout", limit)
             conf.setdefault("join_timeout", limit)
+            conf.setdefault("read_timeout", limit)  # c10d: connecting to its store, each call
         if self.spec.rdzv_backend == "static":
             conf.setdefault("rank", self.spec.node_rank)
         return conf
@@ -71,7 +78,7 @@ class NodeRendezvous:
         threading.Thread(target=self._say_while_waiting, args=(met,), daemon=True,
                          name="xlaunch-rendezvous-wait").start()
         try:
-            info = self.handler.next_rendezvous()
+            info = self._handler().next_rendezvous()
         finally:
             met.set()
         self.store, self.node_rank = info.store, info.rank
@@ -161,6 +168,9 @@ class NodeRendezvous:
     def close(self) -> None:
         """Leave the rendezvous; waits at most CLOSE_WAIT_S for a store that may be cut off."""
         self._closed.set()
+
+        if self.handler is None:
+            return
 
         def shutdown() -> None:
             try:
