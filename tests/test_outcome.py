@@ -248,3 +248,14 @@ def test_the_exit_status_a_rank_recorded_is_the_launchs():
     meant = dataclasses.replace(record(0, 1, "SystemExit", "21"), exitcode=21)
     error = judge(Outcome("xla", 1, (RankExit(0, 100, -KILL, meant, frozenset({KILL})),)))
     assert error.exitcode == 21
+
+
+def test_a_rank_killed_after_its_function_returned_is_the_cause_of_its_peers_stop():
+    """Rank 0 returned (its value whole), then the out-of-memory killer ended its process while
+    rank 1 still ran; the owner stopped rank 1 for it. Before, the error named only rank 1."""
+    gone = RankExit(0, 100, -KILL, returned=True)
+    error = judge(Outcome("elastic", 2, (gone, ENDS["stopped"](1, 0))))
+    assert error is not None and error.root_cause.rank == 0, error
+    assert error.root_cause.exitcode == -KILL and not error.root_cause.secondary
+    assert "its function returned, then its process" in str(error), str(error)
+    assert judge(Outcome("elastic", 2, (gone, ENDS["finished"](1, 0)))) is None  # all done

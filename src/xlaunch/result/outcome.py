@@ -20,6 +20,8 @@ The root cause is decided from those facts alone, never from when a thread happe
   whatever it did while it was being stopped (asking for its stack can cut a C call short);
 - a rank that died while it sent its value back failed (its value is not taken): the function
   returns only once the value is whole;
+- a rank whose function returned and whose process then died of a signal nobody in the launch
+  sent is the cause when the others were stopped, or lost a peer, and nothing else failed;
 - when nothing failed on its own but peers lost a peer, the ranks whose function had returned
   are the cause: they left while the others still waited on them in a collective (the ranks
   called different collectives, ``if rank == 0: evaluate()``);
@@ -128,11 +130,21 @@ def failures_of(exits: Sequence[RankExit], timed_out: bool,
         cause = classify(rank_exit, timed_out)
         if cause is not None:
             failures.append(_failure(rank_exit, cause))
+    if failures and all(f.secondary for f in failures):
+        # Its function returned, then its process died of a signal nobody in the launch sent (the
+        # out-of-memory killer as it ended): a death the owner stopped the others for.
+        failures += [_failure(e, Cause.DIED) for e in exits if died_after_returning(e)]
     waiting = [f for f in failures if f.cause == Cause.LOST_PEER]
     whole = world_size is None or len(exits) >= world_size
     if waiting and whole and all(f.secondary for f in failures):
         failures += [_finished_early(e, waiting) for e in exits if e.returned]
     return sorted(failures, key=_precedence)
+
+
+def died_after_returning(rank_exit: RankExit) -> bool:
+    code = rank_exit.exitcode
+    return (rank_exit.returned and rank_exit.record is None and code is not None and code < 0
+            and -code not in rank_exit.signals_sent)
 
 
 def _precedence(failure: ProcessFailure) -> tuple[int, int, int]:
@@ -147,6 +159,10 @@ def _failure(rank_exit: RankExit, cause: Cause) -> ProcessFailure:
         message = _died(rank_exit.exitcode)
         if rank_exit.sending:
             message = f"{SENDING}, it {message}"
+        elif rank_exit.returned:
+            message = ("its function returned, then its process was ended by a signal nobody "
+                       "in the launch sent (the out-of-memory killer does this) before it "
+                       "could exit; its peers were stopped for it, or lost it")
     elif cause == Cause.HELD:
         message = ("threads it started (not daemon threads) keep its process alive. Make them "
                    "daemon threads, or stop and join them before the function returns; their "
