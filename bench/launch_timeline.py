@@ -23,24 +23,23 @@ from typing import Any
 os.environ.setdefault("XLAUNCH_ACCELERATOR", "cpu")
 
 import xlaunch
-from xlaunch.backends import processes
-from xlaunch.backends.elastic import attempt, job
-from xlaunch.worker import launch_dir, rank, value
+from xlaunch.backends import processes, supervise
+from xlaunch.backends.elastic import job, starter
+from xlaunch.worker import launch_dir, rank
 
 LOG = os.path.join(tempfile.gettempdir(), f"xlaunch-timeline-{os.getpid()}.log")
 
 # (owner, attribute, step name): each call's start and end are written to the log.
 STEPS: list[tuple[Any, str, str]] = [
-    (attempt.DistAttempt, "run", "launch thread: the attempt's whole run"),
+    (supervise.Attempt, "run", "launch thread: the attempt's whole run"),
     (processes.ProcessSet, "__init__", "caller: start the process tree's guard"),
     (processes.ProcessSet, "start", "caller: fork a worker"),
     (rank.Worker, "__init__", "worker: set-up (pid file, signals, output, tree)"),
-    (job.Job, "_form_group", "worker: process group (FileStore, gloo, barrier)"),
+    (job.DistJob, "_form_group", "worker: process group (FileStore, gloo, barrier)"),
     (rank.Worker, "run", "worker: the function, its report"),
     (rank.Worker, "send_back", "worker: its value written"),
-    (attempt.DistAttempt, "_watch", "caller: wait for every worker's end"),
-    (attempt.DistAttempt, "exits", "caller: read what each worker left"),
-    (value, "read_value", "caller: map the value"),
+    (starter.DistStarter, "_watch", "caller: wait for every worker's end"),
+    (supervise.Attempt, "outcome", "caller: read what each worker left, map the value"),
     (processes.ProcessSet, "close", "caller: end the process tree"),
     (launch_dir.LaunchDir, "remove", "caller: remove the launch folder"),
 ]

@@ -132,11 +132,11 @@ class Model:
 def test_replicas_that_share_a_process_each_get_their_own_copy_of_the_arguments():
     import threading
 
-    from xlaunch.backends.xla.replica import Job, replica_inputs
+    from xlaunch.backends.xla.replica import ReplicaJob, replica_inputs
     from xlaunch.worker.rank import WorkerSetup
 
     model = Model()
-    shared = Job(model.train, (model, {"lr": 0.1}), WorkerSetup("unused"), replicas_per_process=2)
+    shared = ReplicaJob(model.train, (model, {"lr": 0.1}), WorkerSetup("unused"), replicas_per_process=2)
     seen: list = []
     threads = [threading.Thread(target=lambda: seen.append(replica_inputs(shared)))
                for _ in range(2)]
@@ -152,7 +152,7 @@ def test_replicas_that_share_a_process_each_get_their_own_copy_of_the_arguments(
     assert first_fn.__self__.device == "replica" and model.device == "cpu"
     assert second_fn.__self__.device == "cpu"
 
-    alone = Job(model.train, (model,), WorkerSetup("unused"))  # one replica per process
+    alone = ReplicaJob(model.train, (model,), WorkerSetup("unused"))  # one replica per process
     function, args = replica_inputs(alone)
     assert args[0] is model and function == model.train
 

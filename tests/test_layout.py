@@ -51,8 +51,9 @@ def imports_of(path: Path) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module == "xlaunch":
                 found |= {f"xlaunch.{alias.name}" for alias in node.names}
-            elif node.module.startswith("xlaunch."):
-                found.add(node.module)
+            elif node.module.startswith("xlaunch."):  # a package's submodules are theirs
+                found |= {f"{node.module}.{alias.name}" if _module_file(
+                    f"{node.module}.{alias.name}") else node.module for alias in node.names}
         elif isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith("xlaunch.")}
         elif isinstance(node, ast.ImportFrom) and node.level:
@@ -292,3 +293,122 @@ def test_the_compat_check_would_see_a_private_name_and_a_patch(tmp_path: Path) -
     assert sorted(private_uses_and_patches(stray)) == sorted([
         "private torch_xla._XLAC._get_xla_sharding_spec:5", "private torch_xla._XLAC:5",
         "setattr:6", "write dist.init_process_group:7", "write mod.use_spmd:9"])
+
+
+# --- no import circle ----------------------------------------------------------------------------
+
+
+def _module_file(module: str) -> Path | None:
+    """The file of an xlaunch module (a package's __init__.py), or None for a name in one."""
+    base = SRC.parent.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def import_graph() -> dict[Path, set[Path]]:
+    """file -> the xlaunch files it imports (inside functions and TYPE_CHECKING blocks too; an
+    imported name that is no module counts as its module)."""
+    graph = {}
+    for path in SOURCES:
+        targets = set()
+        for module in imports_of(path):
+            target = _module_file(module) or _module_file(module.rsplit(".", 1)[0])
+            if target is not None and target != path:
+                targets.add(target)
+        graph[path] = targets
+    return graph
+
+
+def circles(graph: dict[Path, set[Path]]) -> list[list[str]]:
+    """The import circles of ``graph`` (Tarjan's strongly connected components of 2+ files)."""
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    found = []
+
+    def visit(node: Path) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(str(member.relative_to(SRC)))
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle() -> None:
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_check_would_see_one() -> None:
+    files = {name: SRC / f"{name}.py" for name in "abc"}
+    graph = {files["a"]: {files["b"]}, files["b"]: {files["a"], files["c"]}, files["c"]: set()}
+    assert circles(graph) == [["a.py", "b.py"]]
+
+
+# --- the launch folder's protocol: every file name in worker/launch_dir.py alone ----------------
+
+LAUNCH_DIR = SRC / "worker" / "launch_dir.py"
+
+
+def protocol_names() -> list[str]:
+    """The fixed part of every name the launch folder's protocol defines (its constants and
+    marks), as launch_dir.py spells them."""
+    import xlaunch.worker.launch_dir as launch_dir
+
+    patterns = [value for name, value in vars(launch_dir).items()
+                if name.isupper() and isinstance(value, str) and name not in ("PREFIX",)]
+    marks = [value for name, value in vars(launch_dir.Mark).items() if name.isupper()]
+    parts = [part for pattern in patterns + [f"{mark}-" for mark in marks]
+             for part in pattern.split("{}")]
+    return [part for part in parts if "-" in part or "." in part]  # a word alone may be prose
+
+
+def names_spelled_out(path: Path, names: list[str]) -> list[str]:
+    """String literals in ``path`` (docstrings aside) that spell a name of the protocol."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                       ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in docstrings):
+            text = node.value
+            found += [f"{text!r}:{node.lineno}" for name in names if text.startswith(name)]
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(SRC)))
+def test_the_launch_folders_file_names_are_written_in_its_module_alone(path: Path) -> None:
+    if path == LAUNCH_DIR:
+        return
+    assert names_spelled_out(path, protocol_names()) == [], \
+        f"{path.name}: name launch-folder files through worker/launch_dir.py's constants"
+
+
+def test_the_protocol_check_would_see_a_name_spelled_out(tmp_path: Path) -> None:
+    stray = tmp_path / "stray.py"
+    stray.write_text('"""A docstring may say pid-N."""\ndef f(folder):\n'
+                     '    return folder / f"stack-{1}", folder / "group-store", "returned-"\n')
+    assert sorted(names_spelled_out(stray, protocol_names())) == [
+        "'group-store':3", "'returned-':3", "'stack-':3"]

@@ -296,7 +296,7 @@ def test_the_owner_returns_from_asking_for_stacks_once_each_dump_is_whole(tmp_pa
             time.sleep(0.01)
         assert owner.ask_stacks([worker.pid]) == [worker.pid]
         read_at_once = stack.read_text()
-        owner.stop("the test is done")
+        owner.stop()
     finally:
         owner.close()
     # The file as it stands once the process is gone: the whole dump, which the owner waited for.

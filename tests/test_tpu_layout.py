@@ -48,7 +48,7 @@ def test_layouts(tmp_path: Path, environ: dict[str, str], machine: dict[str, Any
     assert (plan.num_processes, spec.threads_per_process) == (expected.processes,
                                                               expected.threads_per_process)
     assert plan.world_size == expected.replicas
-    assert (dict(spec.worker_env), spec.unset_env, spec.nprocs) == (
+    assert (dict(spec.layout_env), spec.unset_env, spec.nprocs) == (
         dict(expected.env), expected.unset_env, expected.nprocs)
 
 

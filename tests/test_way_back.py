@@ -95,7 +95,7 @@ def test_nothing_a_launch_keeps_is_readable_by_another_user_at_any_moment(
                                               "XDG_CACHE_HOME": str(cache)})
     facts = last_json(result)
     seen = facts["seen"]
-    assert any("/dev/shm/" in name and name.endswith("value-0") for name in seen) or how == "fail"
+    assert any("/dev/shm/" in name and name.endswith("attempt-0-value-0") for name in seen) or how == "fail"
     assert any(Path(name).name.startswith("pid-") for name in seen)
     for name, mode in seen.items():
         wanted = 0o700 if stat.S_ISDIR(mode) else 0o600
@@ -115,8 +115,8 @@ SECOND_USER = """
         shm = [f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith(f"xlaunch-{os.getpid()}-")]
         as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
         tries = {}
-        for what, command in (("list", ["ls", shm[0]]), ("read", ["cat", f"{shm[0]}/value-0"]),
-                              ("plant", ["sh", "-c", f"echo x > {shm[0]}/value-9"])):
+        for what, command in (("list", ["ls", shm[0]]), ("read", ["cat", f"{shm[0]}/attempt-0-value-0"]),
+                              ("plant", ["sh", "-c", f"echo x > {shm[0]}/attempt-0-value-9"])):
             tries[what] = subprocess.run(as_nobody + command, capture_output=True).returncode
         return tries
     import threading

@@ -173,33 +173,21 @@ TPU_LAUNCH_VARS = ("TORCH_TPU_SLICEBUILDER_ADDRESSES", "TORCH_TPU_TOPOLOGY",
                    "TORCH_TPU_XPROF_SESSION_ID", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-def tpu_launch_env(nproc_per_node: int, nnodes: int | None = None,
-                   preset: dict[str, str] | None = None) -> dict[str, str]:
-    """The variables TorchTPU's ``set_tpu_launch_env`` computes for this launch.
-
-    ``preset`` values are in place while it runs (it keeps them: NODE_RANK from GCE, the
-    rendezvous host). ``os.environ`` is exactly as before afterwards, whether it returned or
-    raised: the variables go to the workers, not into the caller.
-    """
-
+def tpu_launch_env(nproc_per_node: int, nnodes: int | None = None) -> dict[str, str]:
+    """The variables TorchTPU's ``set_tpu_launch_env`` computes for this launch: what it writes
+    into ``os.environ``, which the caller puts back (`backends.environment.overlay`)."""
     importlib.import_module("torch_tpu")  # installs torch.tpu even with autoload turned off
     from torch.tpu import distributed  # type: ignore[attr-defined]
 
-    saved = dict(os.environ)
+    before = dict(os.environ)
     _forget_resolved(TPU_LAUNCH_VARS)
     try:
-        os.environ.update(preset or {})
         with warnings.catch_warnings():
             # "<TorchTpu/ApiStage/ExperimentalApi/> set_tpu_launch_env is experimental": known.
             warnings.filterwarnings("ignore", message="<TorchTpu/ApiStage/")
             distributed.set_tpu_launch_env(nnodes=nnodes, nproc_per_node=nproc_per_node)
-        return {name: value for name, value in os.environ.items() if saved.get(name) != value}
+        return {name: value for name, value in os.environ.items() if before.get(name) != value}
     finally:
-        for name in [name for name in os.environ if name not in saved]:
-            del os.environ[name]
-        for name, value in saved.items():
-            if os.environ.get(name) != value:
-                os.environ[name] = value
         _forget_resolved(TPU_LAUNCH_VARS)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import fake_machine
-from xlaunch.backends.torch_tpu import launch_variables
+from xlaunch.backends.environment import torch_tpu_layer
 from xlaunch.detect import detect
 from xlaunch.plan import LaunchOptions, make_plan
 
@@ -34,7 +34,7 @@ def test_torch_tpus_own_variables_reach_the_plan(tmp_path: Path, monkeypatch) ->
     monkeypatch.setenv("TORCH_TPU_TOPOLOGY", "2,2,1")
     plan = v5e_plan(tmp_path, num_processes=4)
     before = dict(os.environ)
-    first = launch_variables(plan, plan.spec)
+    first = torch_tpu_layer(plan, plan.spec, os.environ)
     assert dict(os.environ) == before  # computed for the workers, never left in the caller
     addresses = first["TORCH_TPU_SLICEBUILDER_ADDRESSES"].split(",")
     assert len(addresses) == 4 and all(a.startswith("localhost:") for a in addresses)
@@ -43,7 +43,7 @@ def test_torch_tpus_own_variables_reach_the_plan(tmp_path: Path, monkeypatch) ->
     assert "TORCH_TPU_TOPOLOGY" not in first  # given: TorchTPU keeps it
     assert 0 < int(first["TORCH_TPU_INTERNAL_HANDSHAKE_PORT"]) < 65536
     # A second launch in the same process gets ports of its own (TorchTPU memoizes its first).
-    second = launch_variables(plan, plan.spec)
+    second = torch_tpu_layer(plan, plan.spec, os.environ)
     assert second["TORCH_TPU_SLICEBUILDER_ADDRESSES"] != first["TORCH_TPU_SLICEBUILDER_ADDRESSES"]
 
 
@@ -51,7 +51,7 @@ def test_a_handshake_port_the_user_set_is_kept(tmp_path: Path, monkeypatch) -> N
     monkeypatch.setenv("TORCH_TPU_TOPOLOGY", "2,4,1")
     monkeypatch.setenv("TORCH_TPU_INTERNAL_HANDSHAKE_PORT", "41000")
     plan = v5e_plan(tmp_path)
-    assert "TORCH_TPU_INTERNAL_HANDSHAKE_PORT" not in launch_variables(plan, plan.spec)
+    assert "TORCH_TPU_INTERNAL_HANDSHAKE_PORT" not in torch_tpu_layer(plan, plan.spec, os.environ)
 
 
 def test_no_tpu_and_no_topology_raises_and_restores_the_environment(tmp_path: Path,
@@ -60,7 +60,7 @@ def test_no_tpu_and_no_topology_raises_and_restores_the_environment(tmp_path: Pa
     plan = v5e_plan(tmp_path)
     before = dict(os.environ)
     with pytest.raises(ValueError, match="expected TPU devices, got none"):
-        launch_variables(plan, plan.spec)
+        torch_tpu_layer(plan, plan.spec, os.environ)
     assert dict(os.environ) == before  # TorchTPU had written its slice-builder addresses
 
 
@@ -70,12 +70,12 @@ def test_a_pod_host_gets_the_slices_addresses_and_its_rank_from_gce(tmp_path: Pa
     code = textwrap.dedent(f"""
         import json, os
         import torch
-        from xlaunch.backends.torch_tpu import launch_variables
+        from xlaunch.backends.environment import torch_tpu_layer
         from xlaunch.detect import detect
         from xlaunch.plan import make_plan
         plan = make_plan(detect(root={str(root)!r}))
         before = dict(os.environ)
-        variables = launch_variables(plan, plan.spec)
+        variables = torch_tpu_layer(plan, plan.spec, os.environ)
         print(json.dumps({{"vars": variables, "same": dict(os.environ) == before,
                           "summary": plan.summary()}}))
         """)

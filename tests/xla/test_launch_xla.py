@@ -237,7 +237,7 @@ def test_plan_variables_set_and_unset_in_the_workers_only(monkeypatch: pytest.Mo
     monkeypatch.setenv("XLAUNCH_TEST_PRESET", "local")
     plan = make_plan(detect())
     spec = dataclasses.replace(plan.spec, unset_env=("XLAUNCH_TEST_PRESET",),
-                               worker_env={"XLAUNCH_TEST_LAYOUT": "1,1,1"})
+                               layout_env={"XLAUNCH_TEST_LAYOUT": "1,1,1"})
     outcome = xla_backend.launch(dataclasses.replace(plan, spec=spec), spec, environment_probe, ())
     world = outcome.result.pop("XLAUNCH_WORLD")
     assert outcome.result == {

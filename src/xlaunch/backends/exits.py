@@ -15,7 +15,14 @@ from pathlib import Path
 from xlaunch.backends.processes import ProcessEnd
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import RankExit
-from xlaunch.worker.launch_dir import noted, read_crashes, read_failures, read_stacks, worker_places
+from xlaunch.worker.launch_dir import (
+    Mark,
+    noted,
+    read_crashes,
+    read_failures,
+    read_stacks,
+    worker_places,
+)
 
 
 @dataclass(frozen=True)
@@ -42,9 +49,9 @@ class AttemptFiles:
         if folder is None or not folder.exists():
             return cls(settled_at_deadline=settled_at_deadline)
         return cls(worker_places(folder), read_failures(folder), read_stacks(folder),
-                   noted(folder, "returned"), noted(folder, "sending"), noted(folder, "cancelled"),
-                   noted(folder, "terminated"), noted(folder, "process"), read_crashes(folder),
-                   settled_at_deadline)
+                   noted(folder, Mark.RETURNED), noted(folder, Mark.SENDING),
+                   noted(folder, Mark.CANCELLED), noted(folder, Mark.TERMINATED),
+                   noted(folder, Mark.BEGAN), read_crashes(folder), settled_at_deadline)
 
 
 def dist_exits(ends: Sequence[ProcessEnd], files: AttemptFiles,

@@ -18,8 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from xlaunch import _compat, stopping
-from xlaunch.backends.envvars import overlay
-from xlaunch.names import RESTART_VAR
+from xlaunch.backends.environment import launch_environment, overlay, worker_environment
 from xlaunch.plan.specs import InlineSpec, LaunchPlan
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import Outcome, RankExit
@@ -41,8 +40,8 @@ def launch(plan: LaunchPlan, spec: InlineSpec, function: Callable[..., Any],
     compiled_before = _compat.dynamo_counts()
     stopping.reset()
     try:
-        with overlay({**plan.worker_variables(), RESTART_VAR: "0"}), \
-                _deadline(plan.timeout, stack):
+        launched = worker_environment(launch_environment(plan, os.environ), attempt=0, pid=None)
+        with overlay(launched), _deadline(plan.timeout, stack):
             result = function(*args)
         rank_exit = RankExit(rank=0, pid=pid, exitcode=0, returned=True)
         ended["result"] = to_cpu(result)

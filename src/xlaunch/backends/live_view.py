@@ -21,15 +21,15 @@ import os
 import re
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+
+from xlaunch.worker.launch_dir import FAILURE, PID, LaunchDir, Mark, written_at
 
 LIVE_ENV = "XLAUNCH_LIVE_VIEW"  # "0": no live view
 REFRESH_S = 0.5
 LINE_CHARS = 80  # a row's last line, shortened to this
 DISPLAY_ID = "xlaunch-live"
 _TAGS = re.compile(r"<[^>]*>")
-_MARK = re.compile(r"(pid|returned|cancelled|failure)-(\d+)(\.json)?$")
 
 
 def live_view_on() -> bool:
@@ -41,7 +41,7 @@ class LiveView:
 
     def __init__(self, publish: Any, folder: str, ranks: int) -> None:
         self._publish = publish
-        self._folder = Path(folder)
+        self._launch = LaunchDir(folder)
         self._ranks = ranks
         self.display_id = f"{DISPLAY_ID}-{os.urandom(4).hex()}"
         self._last: dict[int, str] = {}  # rank -> its last line or bar, as received
@@ -116,19 +116,12 @@ class LiveView:
 
     def rows(self) -> list[tuple[int, str, int | None, str]]:
         """(rank, state, elapsed whole seconds or None, last line) for each rank."""
-        marks: dict[str, dict[int, float]] = {"pid": {}, "returned": {}, "cancelled": {},
-                                              "failure": {}}
-        stopped = (self._folder / "cancelled").exists()
-        attempt = self._attempt()
-        if attempt is not None:
-            with contextlib.suppress(OSError), os.scandir(attempt) as entries:
-                for entry in entries:
-                    match = _MARK.match(entry.name)
-                    if match is None or (match.group(1) == "failure") != bool(match.group(3)):
-                        continue
-                    with contextlib.suppress(OSError):
-                        marks[match.group(1)][int(match.group(2))] = entry.stat().st_mtime
-        stopped = stopped or self.owner_stopped()
+        attempt = self._launch.newest_attempt()
+        marks: dict[str, dict[int, float]] = {
+            kind: written_at(attempt, name) if attempt is not None else {}
+            for kind, name in (("pid", PID), ("returned", Mark.RETURNED),
+                               ("cancelled", Mark.CANCELLED), ("failure", FAILURE))}
+        stopped = self._launch.cancel_marker.exists() or self.owner_stopped()
         ranks = sorted(set(range(self._ranks)) | set(marks["pid"]))
         wall = time.time()
         rows = []
@@ -148,17 +141,6 @@ class LiveView:
             elapsed = None if started is None else max(0, int((ended or wall) - started))
             rows.append((rank, state, elapsed, _short(self._last.get(rank, ""))))
         return rows
-
-    def _attempt(self) -> Path | None:
-        """The launch's newest attempt folder (a restart starts another)."""
-        newest: tuple[int, Path] | None = None
-        with contextlib.suppress(OSError), os.scandir(self._folder) as entries:
-            for entry in entries:
-                if entry.name.startswith("attempt-") and entry.name[8:].isdigit():
-                    number = int(entry.name[8:])
-                    if newest is None or number > newest[0]:
-                        newest = (number, Path(entry.path))
-        return newest[1] if newest is not None else None
 
     def render(self, rows: list[tuple[int, str, int | None, str]]) -> str:
         lines = [f"rank {rank}: {state}" + (f", {elapsed} s" if elapsed is not None else "")

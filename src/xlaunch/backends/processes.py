@@ -1,5 +1,5 @@
 """The one owner of a launch's processes: it starts them, holds their tree and the stop grace,
-stops them (SIGTERM, the grace, SIGKILL), reaps them, and records each decision as it takes it.
+stops them (SIGTERM, the grace, SIGKILL), reaps them, and records which signals reached each.
 
 Modelled on torch elastic's ``PContext`` (start, poll, close): every signal xlaunch sends to a
 worker is sent from this module (a layout test checks it), and the judge reads the records kept
@@ -42,11 +42,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from xlaunch._compat import default_start_method_kept
 from xlaunch.backends.escaped import held_pipes, writers
+from xlaunch.names import POLL_S
 from xlaunch.result.errors import LeftRunning
 from xlaunch.worker.launch_dir import STACK_SIGNAL, STACKS_WAIT_S
 from xlaunch.worker.process_tree import TreeTicket
@@ -55,21 +56,10 @@ from xlaunch.worker.process_tree import TreeTicket
 # A stop's SIGTERM to the whole group leaves it standing: it must outlive the grace period.
 GUARD = ("/bin/sh", "-c", "trap '' TERM; read _unused; kill -KILL 0")
 END_WAIT_S = 5.0  # after the end's SIGKILL: how long killed members may take to be reaped
-POLL_S = 0.01  # the step of the waits nothing can notify (an engine's processes, the tree)
 
 
 class LaunchStopped(Exception):
     """A process was to start after the launch had been stopped: it is not started."""
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One signal the owner sent, why, and the processes it reached while they were alive."""
-
-    why: str
-    number: int
-    pids: tuple[int, ...]
-    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)
@@ -87,7 +77,6 @@ class ProcessSet:
 
     def __init__(self, grace: float) -> None:
         self.grace = grace
-        self.decisions: list[Decision] = []
         self._started: list[Any] = []  # multiprocessing processes, in start order
         self._adopted: dict[int, None] = {}  # an engine's pids, in the order they reported
         self._signals: dict[int, set[int]] = {}
@@ -202,7 +191,7 @@ class ProcessSet:
                 time.sleep(POLL_S)
         return asked
 
-    def stop(self, why: str) -> None:
+    def stop(self) -> None:
         """SIGTERM to every live process and the whole tree; SIGKILL after the grace to what is
         left. A worker that handles SIGTERM (an `on_stop` callback) saves its checkpoint
         meanwhile; one without a handler ends at once. A second stop while one runs waits for it.
@@ -212,7 +201,7 @@ class ProcessSet:
                 return
             with self._lock:
                 self._stopped = True  # nothing starts any more
-            self._signal(signal.SIGTERM, why)
+            self._signal(signal.SIGTERM)
             deadline = time.monotonic() + self.grace
             while time.monotonic() < deadline and self._any_alive():
                 live = [p for p in self._started if self.exitcode(p) is None]
@@ -221,7 +210,7 @@ class ProcessSet:
                 else:
                     time.sleep(POLL_S)
             if self._any_alive():
-                self._signal(signal.SIGKILL, f"{why}; still running after the {self.grace:g} s grace")
+                self._signal(signal.SIGKILL)  # still running after the grace
 
     def close(self) -> list[int]:
         """The end of every attempt: nothing of it is left once this returns (within
@@ -232,7 +221,7 @@ class ProcessSet:
             with self._lock:
                 self._stopped = True
             if self._any_alive():
-                self._signal(signal.SIGKILL, "the launch ended")
+                self._signal(signal.SIGKILL)  # the launch ended
             self._killpg(signal.SIGKILL)  # what the workers left running, the guard too
         deadline = time.monotonic() + END_WAIT_S
         pending = self.started
@@ -271,8 +260,8 @@ class ProcessSet:
         found = writers(held_pipes(ended), {os.getpid()})
         return [process for process in found if not self._in_tree(process.pid)]
 
-    def _signal(self, number: int, why: str) -> None:
-        """``number`` to every live process, recorded with the processes it reached."""
+    def _signal(self, number: int) -> None:
+        """``number`` to every live process, recorded for each process it reached alive."""
         with self._lock:
             reached = []
             for process in self._started:
@@ -284,7 +273,6 @@ class ProcessSet:
             reached += [pid for pid in self._adopted if self._member(pid)]
             for pid in reached:
                 self._signals.setdefault(pid, set()).add(number)
-            self.decisions.append(Decision(why, number, tuple(reached)))
             self._killpg(number)
 
     def _killpg(self, number: int) -> None:

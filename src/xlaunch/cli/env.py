@@ -236,7 +236,7 @@ def _plan_rows(plan: dict[str, Any]) -> dict[str, Any]:
         "distributed backend": plan["dist_backend"],
     }
     if plan["path"] == "xla":
-        changes = [f"{k}={v}" for k, v in spec["worker_env"].items()]
+        changes = [f"{k}={v}" for k, v in spec["layout_env"].items()]
         changes += [f"-{name}" for name in spec["unset_env"]]
         rows.update({"threads per process": spec["threads_per_process"],
                      "start method": spec["start_method"],

@@ -112,7 +112,7 @@ def _xla_plan(env: Environment, options: LaunchOptions, machine: Machine,
     spec = XlaSpec(
         threads_per_process=layout.threads_per_process, nprocs=layout.nprocs,
         pjrt_device=PJRT_DEVICES.get(env.accelerator, "CPU"),
-        start_method=method, worker_env=layout.env,
+        start_method=method, layout_env=layout.env,
         unset_env=layout.unset_env,
         line_prefix=template if template is not None else XlaSpec.line_prefix,
         max_restarts=options.max_restarts, compile_cache=compile_cache(env, options.compile_cache, environ))

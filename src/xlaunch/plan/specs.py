@@ -9,8 +9,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from xlaunch.names import (
-    DEVICE_VAR,
-    MIXED_PRECISION_VAR,
     Accelerator,
     DistBackend,
     MixedPrecision,
@@ -42,7 +40,7 @@ class XlaSpec:
     nprocs: int | None  # xmp.spawn's nprocs: None spawns the layout, 1 runs one replica
     pjrt_device: str  # PJRT_DEVICE for the replicas
     start_method: StartMethod = "fork"
-    worker_env: Mapping[str, str] = field(default_factory=dict)  # set in every replica
+    layout_env: Mapping[str, str] = field(default_factory=dict)  # the chip layout, for xmp.spawn
     unset_env: tuple[str, ...] = ()  # removed before the replicas start
     line_prefix: str | None = "[rank ${rank}] "  # None: output is not prefixed
     max_restarts: int = 0  # the whole launch runs again after a failure, up to this many times
@@ -143,23 +141,6 @@ class LaunchPlan:
         if isinstance(self.spec, XlaSpec):
             return "xla"
         return self.spec.dist_backend if isinstance(self.spec, ElasticSpec) else None
-
-    def worker_variables(self) -> dict[str, str]:
-        """What every worker's environment gets from the options: xlaunch's own variable, and
-        the ones ``accelerate launch`` sets for the same options (accelerate 1.x,
-        ``accelerate/utils/launch.py``), so an ``Accelerator()`` in the workers reads them too.
-
-        accelerate's are set only for what was asked (a precision, CPU processes): a variable
-        the user set for accelerate stays when the launch asks nothing.
-        """
-        variables: dict[str, str] = {MIXED_PRECISION_VAR: self.mixed_precision}
-        if not isinstance(self.spec, XlaSpec):  # an XLA replica's world names its device
-            variables[DEVICE_VAR] = self.accelerator
-        if self.mixed_precision != "no":
-            variables["ACCELERATE_MIXED_PRECISION"] = self.mixed_precision
-        if self.accelerator == "cpu" and not isinstance(self.spec, XlaSpec):
-            variables["ACCELERATE_USE_CPU"] = "True"  # ``accelerate launch --cpu``
-        return variables
 
     def summary(self) -> str:
         """One line saying what will run, so a launch never silently does something else."""

@@ -22,23 +22,50 @@ import os
 import shutil
 import signal
 import stat
-import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from xlaunch.names import POLL_S
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.report import RankReport
+from xlaunch.worker.frames import user_frames_first
 
 PREFIX = "xlaunch-"
 SHARED_MEMORY = Path("/dev/shm")  # where a returned value's bytes may go (worker/value.py)
 # What the launch's owner (backends/processes.py) sends a live rank at a timeout: the rank's
 # faulthandler (worker/rank.py) writes every thread's stack into the launch folder.
 STACK_SIGNAL = signal.SIGUSR1
-STACKS_POLL_S = 0.02  # how often collect_stacks looks for the stacks it asked for
 STACKS_WAIT_S = 2.0  # at a timeout: the longest the asked workers' stacks are waited for
+
+# --- the protocol: every name in a launch's folders, here and nowhere else ---------------------
+# In the launch's folder:
+CANCELLED = "launch.cancelled"  # the launch was stopped: a worker that starts now runs nothing
+OUTPUT_LOCK = "output.lock"  # each rank's prefixed stream writes a line under its lock
+XLA_DEBUG = "xla-debug"  # torch_xla's compilation analysis, a file per process (".<pid>")
+ATTEMPT = "attempt-{}"  # a folder per attempt, holding what its workers left:
+PID = "pid-{}"  # by rank: "<pid> <local rank>", written before the rank runs anything
+FAILURE = "failure-{}.json"  # by rank: its exception (a `ProcessFailure`), bounded
+FAILURE_TEXT = "failure-{}.txt"  # by rank: that record's whole text, when it had to be cut
+STACK = "stack-{}"  # by rank: every thread's stack, when the owner asks (STACK_SIGNAL)
+CRASH = "crash-{}"  # by pid: an XLA process's dump at a fatal signal
+REPORT = "report-{}.json"  # by rank: its `RankReport`
+LEADER_FAILURE = "leader.json"  # what failed in the XLA launch leader before any replica ran
 GROUP_STORE = "group-store"  # the FileStore a one-machine group meets through (made private first)
+RESULT = "value.record"  # local rank 0's value: its record, committed last (worker/value.py)
+VALUE = "{}-value-{}"  # by attempt and index: each large buffer of that value (in the attempt's
+# folder, or in the launch's folder in shared memory)
+
+
+class Mark:
+    """What a worker states about itself, as an empty file ``<mark>-<number>`` (`note`)."""
+
+    RETURNED = "returned"  # by rank: its function returned, and its value (if any) was sent whole
+    SENDING = "sending"  # by rank: it began to send its value back
+    CANCELLED = "cancelled"  # by rank: it found the launch stopped and ran nothing
+    TERMINATED = "terminated"  # by pid: its process received SIGTERM
+    BEGAN = "began"  # by pid: an engine's process began (known even if it dies at once)
 
 
 # A file only this user can read, created here and now: never one that already exists, never
@@ -127,7 +154,14 @@ class LaunchDir:
         return folder
 
     def attempt_path(self, attempt: int) -> Path:
-        return Path(self.folder) / f"attempt-{attempt}"
+        return Path(self.folder) / ATTEMPT.format(attempt)
+
+    def newest_attempt(self) -> Path | None:
+        """The launch's newest attempt folder (a restart starts another), if any yet."""
+        head, _ = ATTEMPT.split("{}")
+        numbers = [int(name[len(head):]) for name in _listed(Path(self.folder))
+                   if name.startswith(head) and name[len(head):].isdigit()]
+        return self.attempt_path(max(numbers)) if numbers else None
 
     def attempt_dir(self, attempt: int) -> Path:
         folder = self.attempt_path(attempt)
@@ -137,7 +171,7 @@ class LaunchDir:
 
     @property
     def cancel_marker(self) -> Path:
-        return Path(self.folder) / "cancelled"
+        return Path(self.folder) / CANCELLED
 
     def cancel(self) -> None:
         with contextlib.suppress(FileExistsError):
@@ -185,7 +219,7 @@ def _process_exists(pid: int) -> bool:
 
 def write_pid(attempt: Path, rank: int, local_rank: int) -> None:
     # One small write; a reader that finds it half-written skips it (worker_places).
-    write_private(attempt / f"pid-{rank}", f"{os.getpid()} {local_rank}")
+    write_private(attempt / PID.format(rank), f"{os.getpid()} {local_rank}")
 
 
 def worker_pids(attempt: Path) -> dict[int, int]:
@@ -196,45 +230,74 @@ def worker_pids(attempt: Path) -> dict[int, int]:
 def worker_places(attempt: Path) -> dict[int, tuple[int, int]]:
     """rank -> (pid, local rank) of the workers that started in this attempt."""
     places = {}
-    for pid_file in attempt.glob("pid-*"):
+    for rank, pid_file in _numbered(attempt, PID):
         try:
             pid, local_rank = pid_file.read_text().split()
-            places[int(pid_file.name[4:])] = (int(pid), int(local_rank))
+            places[rank] = (int(pid), int(local_rank))
         except (ValueError, OSError):
             continue
     return places
 
 
-def note(attempt: Path, what: str, number: int) -> None:
-    """A fact a worker states about itself, as an empty file named for it. What a worker says:
-    its function returned, and its value (local rank 0's) was sent whole (``returned``, by rank);
-    it began to send its value (``sending``, by rank); it found the launch stopped and ran
-    nothing (``cancelled``, by rank); its process received SIGTERM (``terminated``, by pid); its
-    process began (``process``, by pid, before anything else: an engine's processes are known
-    by it even if they die at once)."""
+def note(attempt: Path, mark: str, number: int) -> None:
+    """A fact a worker states about itself (a `Mark`), as an empty file named for it."""
     with contextlib.suppress(FileExistsError):  # said before: once is enough
-        os.close(private_file(attempt / f"{what}-{number}"))
+        os.close(private_file(attempt / f"{mark}-{number}"))
 
 
 def settled(attempt: Path) -> frozenset[int]:
     """The ranks whose function has returned (its value sent) or raised, as their files say now:
     read at a timeout, before anything is stopped, they are the ranks the timeout did not cut."""
-    failed = {name[8:-5] for name in (file.name for file in attempt.glob("failure-*.json"))}
-    return noted(attempt, "returned") | {int(rank) for rank in failed if rank.isdigit()}
+    return noted(attempt, Mark.RETURNED) | {rank for rank, _ in _numbered(attempt, FAILURE)}
 
 
-def noted(attempt: Path, what: str) -> frozenset[int]:
-    prefix = f"{what}-"
-    return frozenset(int(mark.name[len(prefix):]) for mark in attempt.glob(f"{prefix}*")
-                     if mark.name[len(prefix):].isdigit())
+def noted(attempt: Path, mark: str) -> frozenset[int]:
+    """The numbers a `Mark` was noted for in this attempt."""
+    return frozenset(number for number, _ in _numbered(attempt, mark))
+
+
+def written_at(attempt: Path, name: str) -> dict[int, float]:
+    """number -> when its file was written, of the files named ``name`` (a `Mark`, or a pattern
+    such as `PID`) in this attempt."""
+    times = {}
+    for number, file in _numbered(attempt, name):
+        with contextlib.suppress(OSError):
+            times[number] = file.stat().st_mtime
+    return times
+
+
+def failed_any(attempt: Path) -> bool:
+    """Whether some rank of this attempt has recorded a failure."""
+    return any(True for _ in _numbered(attempt, FAILURE))
+
+
+def _listed(folder: Path) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+def _numbered(attempt: Path, name: str) -> list[tuple[int, Path]]:
+    """The files of ``attempt`` named ``name`` (a pattern of the protocol, or a `Mark`) with
+    their number."""
+    head, tail = name.split("{}") if "{}" in name else (f"{name}-", "")
+    found = []
+    with contextlib.suppress(OSError), os.scandir(attempt) as entries:
+        for entry in entries:
+            number = entry.name[len(head):len(entry.name) - len(tail)]
+            if (entry.name.startswith(head) and entry.name.endswith(tail) and number.isdigit()
+                    and len(entry.name) > len(head) + len(tail)):
+                found.append((int(number), Path(entry.path)))
+    return found
 
 
 def record_failure(attempt: Path, failure: ProcessFailure) -> None:
     """The record, its message and traceback bounded; the whole text beside it when cut."""
     failure, whole = failure.bounded()
     if whole is not None:
-        atomic_write(attempt / f"failure-{failure.rank}.txt", whole)
-    atomic_write(attempt / f"failure-{failure.rank}.json", failure.to_json())
+        atomic_write(attempt / FAILURE_TEXT.format(failure.rank), whole)
+    atomic_write(attempt / FAILURE.format(failure.rank), failure.to_json())
 
 
 KEPT_TEXT_BYTES = 4 * 2**20  # of a failure's whole text, what is kept (its start)
@@ -287,12 +350,12 @@ def read_failures(attempt: Path | None) -> dict[int, ProcessFailure]:
     records: dict[int, ProcessFailure] = {}
     if attempt is None:
         return records
-    for file in attempt.glob("failure-*.json"):
+    for rank, file in _numbered(attempt, FAILURE):
         try:
             record = ProcessFailure.from_json(file.read_text(), error_file=str(file))
         except (OSError, ValueError, TypeError):
             continue
-        whole = keep_whole_text(file.with_suffix(".txt"), record.rank)
+        whole = keep_whole_text(attempt / FAILURE_TEXT.format(rank), record.rank)
         records[record.rank] = dataclasses.replace(record, full_text=whole) if whole else record
     return records
 
@@ -306,11 +369,10 @@ CRASHES = {"Segmentation fault": signal.SIGSEGV, "Aborted": signal.SIGABRT,
 def read_crashes(attempt: Path) -> dict[int, tuple[int, str]]:
     """pid -> (the fatal signal, faulthandler's dump) of each process that wrote one."""
     crashes = {}
-    for crash_file in attempt.glob("crash-*"):
+    for pid, crash_file in _numbered(attempt, CRASH):
         try:
             text = crash_file.read_text(errors="replace")
-            pid = int(crash_file.name[6:])
-        except (ValueError, OSError):
+        except OSError:
             continue
         for words, number in CRASHES.items():
             if f"Fatal Python error: {words}" in text:
@@ -320,10 +382,10 @@ def read_crashes(attempt: Path) -> dict[int, tuple[int, str]]:
 
 def read_stacks(attempt: Path) -> dict[int, str]:
     stacks = {}
-    for stack_file in attempt.glob("stack-*"):
+    for rank, stack_file in _numbered(attempt, STACK):
         try:
-            stacks[int(stack_file.name[6:])] = user_frames_first(stack_file.read_text())
-        except (ValueError, OSError):
+            stacks[rank] = user_frames_first(stack_file.read_text())
+        except OSError:
             continue
     return stacks
 
@@ -337,42 +399,8 @@ def collect_stacks(attempt: Path, ranks: list[int], wait: float = STACKS_WAIT_S)
         stacks = read_stacks(attempt)
         if all(stacks.get(rank) for rank in ranks):
             break
-        time.sleep(STACKS_POLL_S)
+        time.sleep(POLL_S)
     return {rank: text for rank, text in read_stacks(attempt).items() if rank in ranks}
-
-
-LAUNCHER_FILES = ("/xlaunch/worker/", "/xlaunch/backends/")
-
-
-_STDLIB = sysconfig.get_paths()["stdlib"]
-
-
-def user_frames_first(dump: str) -> str:
-    """Each thread's frames of the user's code: the launcher's and the engine's below them go,
-    and so do threads that run nothing of the user's (Python's own machinery waiting)."""
-    blocks: list[list[str]] = []
-    for line in dump.splitlines():
-        if line.startswith(("Thread 0x", "Current thread 0x")) or not blocks:
-            blocks.append([])
-        if line.strip():
-            blocks[-1].append(line)
-    kept = []
-    for block in blocks:
-        frames = []
-        for line in block:
-            if line.lstrip().startswith("File ") and any(name in line for name in LAUNCHER_FILES):
-                break
-            frames.append(line)
-        if any(_users(line) for line in frames):
-            kept.append(frames)
-    if len(kept) == 1 and kept[0] and kept[0][0].startswith("Current thread"):
-        kept[0] = kept[0][1:]  # one thread: its frames say it all
-    return "\n".join(line for block in (kept or blocks[:1]) for line in block)
-
-
-def _users(line: str) -> bool:
-    text = line.strip()
-    return text.startswith("File ") and _STDLIB not in text or text.startswith("File \"<stdin>")
 
 
 def read_rank_reports(attempt: Path | None) -> list[RankReport]:
@@ -380,7 +408,7 @@ def read_rank_reports(attempt: Path | None) -> list[RankReport]:
     if attempt is None:
         return []
     by_pid: dict[int, RankReport] = {}
-    for file in attempt.glob("report-*.json"):
+    for _, file in _numbered(attempt, REPORT):
         try:
             record = json.loads(file.read_text())
             pid, report = int(record["pid"]), RankReport.from_json(json.dumps(record["report"]))

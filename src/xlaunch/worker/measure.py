@@ -14,7 +14,7 @@ from typing import Any
 
 from xlaunch._compat import dynamo_counts
 from xlaunch.result.report import RankReport
-from xlaunch.worker.launch_dir import atomic_write
+from xlaunch.worker.launch_dir import REPORT, atomic_write
 
 
 def peak_rss_bytes() -> int:
@@ -34,7 +34,7 @@ def write_rank_report(attempt: Path, rank: int, wall_seconds: float,
     report = RankReport(rank=rank, wall_seconds=wall_seconds, peak_rss_bytes=peak_rss_bytes(),
                         **extra)
     record = {"pid": os.getpid(), "report": json.loads(report.to_json())}
-    atomic_write(attempt / f"report-{rank}.json", json.dumps(record))
+    atomic_write(attempt / REPORT.format(rank), json.dumps(record))
 
 
 def dynamo_since(baseline: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -25,14 +25,16 @@ from typing import IO, Any
 
 from xlaunch import _compat, stopping
 from xlaunch._compat import dynamo_counts
-from xlaunch.names import RESTART_VAR, WORKER_VAR, WORKER_VARS, WORLD_VAR
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.worker import nested, process_tree
 from xlaunch.worker.displays import route_displays
 from xlaunch.worker.hints import hint_for
 from xlaunch.worker.launch_dir import (
+    OUTPUT_LOCK,
+    STACK,
     STACK_SIGNAL,
     LaunchDir,
+    Mark,
     note,
     private_file,
     record_failure,
@@ -50,7 +52,8 @@ class WorkerSetup:
     """What every worker of a launch shares (forked to it, or pickled under ``spawn``)."""
 
     launch_dir: str
-    env: dict[str, str] = field(default_factory=dict)  # set in every worker
+    # The launch's and the path's layers of every worker's environment (backends/environment.py)
+    launch_env: Mapping[str, str | None] = field(default_factory=dict)
     line_prefix: str | None = None  # a template (${rank}, ${local_rank}); None: no prefix
     prefix_single: bool = False  # prefix even when the world is one process (a user template)
     tree: process_tree.TreeTicket | None = None
@@ -65,25 +68,24 @@ class Worker:
                  world_size: int) -> None:
         process_tree.join(setup.tree)
         launch_dir = self.launch_dir = LaunchDir(setup.launch_dir)
-        self.attempt = launch_dir.attempt_dir(attempt)
+        self.folder = launch_dir.attempt_dir(attempt)
         self.rank = rank
         self.cancelled = launch_dir.cancel_marker.exists()
         # Before the pid is written: the owner asks for stacks only of a rank whose pid it has
         # read, and STACK_SIGNAL would end a process that had no handler for it.
-        self._stack_file: IO[str] = open(private_file(self.attempt / f"stack-{rank}"), "w")
+        self._stack_file: IO[str] = open(private_file(self.folder / STACK.format(rank)), "w")
         faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
-        write_pid(self.attempt, rank, local_rank)
+        write_pid(self.folder, rank, local_rank)
         if self.cancelled:
-            note(self.attempt, "cancelled", rank)
+            note(self.folder, Mark.CANCELLED, rank)
             return
-        set_variables(setup.env, attempt)
         not_interactive()
         nested.refuse_launchers()
         sink = route_displays(setup.display_fds, local_rank, rank)
         if setup.line_prefix is not None and (world_size > 1 or setup.prefix_single):
             prefix = string.Template(setup.line_prefix).safe_substitute(
                 rank=rank, local_rank=local_rank, role_name="default")
-            lock = str(launch_dir.folder) + "/output.lock"  # shared by every rank of the launch
+            lock = os.path.join(launch_dir.folder, OUTPUT_LOCK)  # every rank of the launch's
             live = sink.live_line if sink is not None else None
             caller = {id(sys.stdout): "stdout", id(sys.__stdout__): "stdout",
                       id(sys.stderr): "stderr", id(sys.__stderr__): "stderr"}
@@ -118,7 +120,7 @@ class Worker:
         if hint is not None:
             failure = dataclasses.replace(failure, message=f"{failure.message}. {hint}",
                                           traceback=f"{failure.traceback}hint: {hint}\n")
-        record_failure(self.attempt, failure)
+        record_failure(self.folder, failure)
         flush_output()
 
     def run(self, function: Callable[..., Any], args: tuple[Any, ...],
@@ -150,21 +152,21 @@ class Worker:
             flush_output()
         if send:
             self.send_back(result)
-        note(self.attempt, "returned", self.rank)
+        note(self.folder, Mark.RETURNED, self.rank)
 
     def _report(self, wall_seconds: float, measure: Callable[[], Mapping[str, Any]] | None,
                 compiled_before: Mapping[str, Any] | None) -> None:
         try:
             extra = {**dynamo_since(compiled_before), **(measure() if measure is not None else {})}
-            write_rank_report(self.attempt, self.rank, wall_seconds, extra)
+            write_rank_report(self.folder, self.rank, wall_seconds, extra)
         except Exception as error:  # a report must never fail the training
             print(f"xlaunch: rank {self.rank} could not write its report: {error}", file=sys.stderr)
 
     def send_back(self, result: Any) -> None:
         """The result, moved to the CPU, to the caller; or this rank's failure if it cannot go."""
-        note(self.attempt, "sending", self.rank)
+        note(self.folder, Mark.SENDING, self.rank)
         try:
-            write_value(self.launch_dir, self.attempt, result)
+            write_value(self.launch_dir, self.folder, result)
         except ValueNotSent as error:  # no room anywhere: the error names the file systems
             self.record_failure(error)
             raise SystemExit(1) from None
@@ -173,19 +175,6 @@ class Worker:
                 f"the function returned a value that cannot be sent back to the caller "
                 f"({type(result).__name__}): {error}"))
             raise SystemExit(1) from None
-
-
-def set_variables(env: dict[str, str], attempt: int) -> None:
-    """The launch's variables in this worker: xlaunch's own always from the launch, never from
-    what the caller's environment happened to hold (a preset ``XLAUNCH_WORLD=xla`` would tell an
-    elastic worker it is an XLA replica)."""
-    for name in WORKER_VARS:
-        os.environ.pop(name, None)
-    os.environ.update(env)
-    if WORLD_VAR in env:  # only this process is in that world, not what it starts
-        os.environ[WORLD_VAR] = f"{env[WORLD_VAR]}:{os.getpid()}"
-    os.environ[RESTART_VAR] = str(attempt)
-    os.environ[WORKER_VAR] = str(os.getpid())
 
 
 NO_STDIN = ("xlaunch workers have no stdin: input() cannot be answered from a worker. Read the "

@@ -37,9 +37,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from xlaunch.worker.launch_dir import LaunchDir, atomic_write, private_file
+from xlaunch.worker.launch_dir import RESULT, VALUE, LaunchDir, atomic_write, private_file
 
-RESULT_FILE = "result"  # the record: header, pickle stream, commit trailer
 IN_RECORD_BYTES = 64 * 2**10  # a buffer smaller than this travels inside the record
 ROOM_TO_SPARE = 256 * 2**20  # shared memory left to others after the bytes are written
 _COMMIT = b"xlaunch-value-committed"  # the trailer's marker, then the record's length (8 bytes)
@@ -62,11 +61,13 @@ def write_value(launch: LaunchDir, attempt: Path, value: Any) -> None:
     place = shared if shared is not None and _room(shared, total) else attempt
     files = []
     for index, view in enumerate(views):
-        file, place = _write_bytes(place, attempt, f"value-{index}", view)
+        # Named for its attempt too: the shared-memory folder is the launch's, and a rank that
+        # died while sending leaves its files there until the launch ends.
+        file, place = _write_bytes(place, attempt, VALUE.format(attempt.name, index), view)
         files.append(str(file))
     head = json.dumps({"files": files, "lengths": [view.nbytes for view in views]}).encode()
     body = len(head).to_bytes(8, "little") + head + stream.getbuffer()
-    atomic_write(attempt / RESULT_FILE, body + _COMMIT + len(body).to_bytes(8, "little"))
+    atomic_write(attempt / RESULT, body + _COMMIT + len(body).to_bytes(8, "little"))
 
 
 def _room(folder: Path, size: int) -> bool:
@@ -122,7 +123,7 @@ def read_value(attempt: Path | None) -> tuple[bool, Any]:
     if attempt is None:
         return False, None
     try:
-        record = (attempt / RESULT_FILE).read_bytes()
+        record = (attempt / RESULT).read_bytes()
     except OSError:
         return False, None
     trailer = len(_COMMIT) + 8

@@ -12,42 +12,24 @@ import contextlib
 import os
 import pickle
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from xlaunch.names import STORE_DIR_VAR
-from xlaunch.plan.options import DEFAULT_MASTER_ADDR
+from xlaunch.backends.environment import World, apply, rank_layer, worker_environment
 from xlaunch.plan.specs import ElasticSpec
-from xlaunch.worker.launch_dir import GROUP_STORE
+from xlaunch.worker.launch_dir import GROUP_STORE, LaunchDir
 from xlaunch.worker.rank import Worker, WorkerSetup, by_value, native_stdout_to_stderr
 
 STORE_TIMEOUT_S = 300.0  # forming the group through another node's store
 
 
-@dataclass(frozen=True)
-class World:
-    """Where this node's workers sit in the job: decided by the launch before any starts."""
-
-    rank_offset: int  # global rank of this node's local rank 0
-    world_size: int
-    local_world_size: int
-    node_rank: int = 0
-    num_nodes: int = 1
-    master_addr: str = DEFAULT_MASTER_ADDR
-    master_port: int = 0
-    # One machine: the group meets through a file in the attempt's folder; several: through the
-    # rendezvous's store (a TCPStore at master_addr:master_port), under this prefix.
-    store_prefix: str | None = None
-
-
-def run_worker(local_rank: int, job: Job) -> None:
+def run_worker(local_rank: int, job: DistJob) -> None:
     """The target of every worker process: the job, for this local rank."""
     job(local_rank)
 
 
-class Job:
+class DistJob:
     """The function each worker process runs (a plain object, so ``spawn`` can pickle it).
 
     Under ``spawn`` the function and its arguments travel by value (cloudpickle), and are
@@ -78,13 +60,18 @@ class Job:
     def __call__(self, local_rank: int) -> None:
         world = self.world
         rank = world.rank_offset + local_rank
-        os.environ.update(self.rank_variables(local_rank))
+        folder = LaunchDir(self.setup.launch_dir).attempt_path(self.attempt)
+        apply(worker_environment(
+            self.setup.launch_env,
+            rank_layer(world, local_rank, self.attempt, self.run_id, self.spec.max_restarts,
+                       str(folder) if world.store_prefix is None else None),
+            attempt=self.attempt, pid=os.getpid()))
         worker = Worker(self.setup, self.attempt, rank, local_rank, world.world_size)
         if worker.cancelled:
             raise SystemExit(0)  # its record says it ran nothing
         try:
             self._prepare_torch(local_rank)
-            self._form_group(worker.attempt, rank)
+            self._form_group(worker.folder, rank)
             function, args = self._work()
         except Exception as error:  # reported as this rank's failure
             worker.record_failure(error)
@@ -94,21 +81,6 @@ class Job:
         # 20-80 ms a rank. Workers that end in a full interpreter shutdown tear down first.
         if self.spec.dist_backend == "nccl" or self.spec.start_method != "fork":
             _destroy_groups()
-
-    def rank_variables(self, local_rank: int) -> dict[str, str]:
-        """What torchrun sets in each worker, so a library that reads them (Lightning's
-        TorchElasticEnvironment, accelerate, transformers) finds the same world."""
-        world = self.world
-        values = {"RANK": world.rank_offset + local_rank, "LOCAL_RANK": local_rank,
-                  "WORLD_SIZE": world.world_size, "LOCAL_WORLD_SIZE": world.local_world_size,
-                  "GROUP_RANK": world.node_rank, "GROUP_WORLD_SIZE": world.num_nodes,
-                  "ROLE_RANK": world.rank_offset + local_rank, "ROLE_NAME": "default",
-                  "ROLE_WORLD_SIZE": world.world_size, "MASTER_ADDR": world.master_addr,
-                  "MASTER_PORT": world.master_port, "TORCHELASTIC_RUN_ID": self.run_id,
-                  "TORCHELASTIC_RESTART_COUNT": self.attempt,
-                  "TORCHELASTIC_MAX_RESTARTS": self.spec.max_restarts,
-                  "TORCHELASTIC_USE_AGENT_STORE": False}
-        return {name: str(value) for name, value in values.items()}
 
     def _measure(self) -> Callable[[], Mapping[str, Any]] | None:
         """What the rank adds to its report (a path's own counters); None: wall time and memory."""
@@ -124,13 +96,12 @@ class Job:
             if spec.dist_backend == "nccl":
                 torch.cuda.set_device(local_rank)
 
-    def _form_group(self, attempt: Path, rank: int) -> None:
+    def _form_group(self, folder: Path, rank: int) -> None:
         import torch.distributed as dist
 
         world = self.world
         if world.store_prefix is None:
-            os.environ[STORE_DIR_VAR] = str(attempt)  # a script's own group meets here too
-            store: Any = dist.FileStore(str(attempt / GROUP_STORE), world.world_size)
+            store: Any = dist.FileStore(str(folder / GROUP_STORE), world.world_size)
         else:
             tcp = dist.TCPStore(world.master_addr, world.master_port, None, False,
                                 timedelta(seconds=STORE_TIMEOUT_S))

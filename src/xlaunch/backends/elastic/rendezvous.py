@@ -3,7 +3,7 @@
 The rendezvous is the engine's own, through its public handler registry (``static`` or ``c10d``,
 ``etcd`` where installed): ``next_rendezvous()`` returns this node's rank among the nodes, a store
 every node shares, and the address of the store the workers bootstrap their group from. Workers
-start here as on one machine (`attempt.DistAttempt`, the launch's owner), with global ranks
+start here as on one machine (`starter.DistStarter`), with global ranks
 ``node rank x processes per node + local rank``.
 
 What torch elastic's agent would add is done through that store, under keys of xlaunch's own: a
@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from xlaunch.backends.elastic.job import World
+from xlaunch.backends.environment import World
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
 
 FAILED_KEY = "xlaunch/failed/attempt_{attempt}"

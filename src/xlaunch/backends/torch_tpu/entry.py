@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from xlaunch.backends.elastic.job import Job
+from xlaunch.backends.elastic.job import DistJob
 from xlaunch.backends.torch_tpu.measure import WARNINGS, collect
 
 
-class TpuJob(Job):
+class TpuJob(DistJob):
     def _prepare_torch(self, local_rank: int) -> None:
         WARNINGS.install()  # before TorchTPU loads: some of its warnings come at import
         import torch  # noqa: F401  (TorchTPU loads here, through torch's device-backend autoload)

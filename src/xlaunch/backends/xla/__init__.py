@@ -6,9 +6,9 @@ owner (`backends.processes`) holds their tree and does every stop. Everything to
 is in this package, imported inside functions (it takes seconds to import and may query the TPU
 metadata server), so a successor runtime can sit beside it.
 
-Modules: `attempt` (one attempt: watching, stopping, the facts left), `pool` (``xmp.spawn`` from
-the launch thread), `leader` (from a forked leader), `replica` (what each replica runs),
-`metrics` (the report's XLA figures), `tail` (the launch's stderr).
+Modules: `starter` (how an attempt's replicas start and end), `pool` (``xmp.spawn`` from the
+launch thread), `leader` (from a forked leader), `replica` (what each replica runs), `metrics`
+(the report's XLA figures), `tail` (the launch's stderr).
 """
 
 from __future__ import annotations
@@ -19,17 +19,16 @@ from collections.abc import Callable
 from typing import Any
 
 from xlaunch.backends.displays import DisplayRelay
+from xlaunch.backends.environment import launch_environment, xla_layer
 from xlaunch.backends.lines import FOLD_ENV
-from xlaunch.backends.supervise import run_attempt, run_attempts, signals_deferred
-from xlaunch.backends.xla.attempt import XlaAttempt
-from xlaunch.backends.xla.replica import Job
+from xlaunch.backends.supervise import Starter, run_launch
+from xlaunch.backends.xla.replica import ReplicaJob
+from xlaunch.backends.xla.starter import XlaStarter
 from xlaunch.detect.runtime import install_line
-from xlaunch.names import WORLD_VAR
 from xlaunch.plan.specs import LaunchPlan, XlaSpec
 from xlaunch.result.outcome import Outcome
-from xlaunch.worker.launch_dir import LaunchDir, read_rank_reports
+from xlaunch.worker.launch_dir import LaunchDir
 from xlaunch.worker.rank import WorkerSetup, check_picklable
-from xlaunch.worker.value import read_value
 
 
 def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
@@ -40,34 +39,20 @@ def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
         check_picklable(function, args)
     launch_dir = LaunchDir.create()
     displays = relay_displays(plan, spec)
+    path_env = xla_layer(spec, os.environ, launch_dir.folder)
     setup = WorkerSetup(
-        launch_dir.folder, {WORLD_VAR: "xla", **plan.worker_variables()},
+        launch_dir.folder, launch_environment(plan, os.environ, path_env),
         # Two replicas sharing a process (v2/v3 threads) would share one prefixed stdout.
         line_prefix=spec.line_prefix if spec.threads_per_process == 1 else None,
         prefix_single=spec.line_prefix != XlaSpec.line_prefix,
         display_fds=displays.fds if displays is not None else None)
 
-    def one_attempt(attempt: int, timeout: float | None) -> Outcome:
-        job = Job(function, args, setup, attempt, compile_cache=spec.compile_cache,
-                  replicas_per_process=spec.threads_per_process)
-        run = XlaAttempt(plan, spec, job)
+    def starter(number: int) -> Starter:
+        job = ReplicaJob(function, args, setup, number, compile_cache=spec.compile_cache,
+                         replicas_per_process=spec.threads_per_process)
+        return XlaStarter(spec, plan.world_size, job, path_env)
 
-        def facts(timed_out: bool) -> Outcome:
-            return Outcome(path="xla", world_size=plan.world_size, exits=run.exits(),
-                           result=read_value(run.attempt)[1], timed_out=timed_out,
-                           timeout=plan.timeout,
-                           rank_reports=tuple(read_rank_reports(run.attempt)),
-                           leader_failure=run.failure if not timed_out else None)
-
-        return run_attempt(run, timeout, facts)
-
-    try:
-        return run_attempts(spec.max_restarts, plan.timeout, one_attempt)
-    finally:
-        with signals_deferred():
-            if displays is not None:  # every replica has ended: what they sent is shown, then freed
-                displays.close()
-            launch_dir.remove()
+    return run_launch(plan, launch_dir, spec.max_restarts, starter, displays)
 
 
 def relay_displays(plan: LaunchPlan, spec: XlaSpec) -> DisplayRelay | None:

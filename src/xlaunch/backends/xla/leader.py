@@ -6,13 +6,13 @@
   the replica, and its exit status is the owner's to see.
 - ``spawn``/``forkserver`` leave multiprocessing's resource tracker (and the fork server) running
   in the process that used them: in the leader they end with the launch's tree.
-- A layout whose variables ``xmp.spawn`` reads where it is called (`pool.caller_variables`) is set
-  in the leader, never in the caller.
+- A layout whose variables ``xmp.spawn`` reads where it is called (`environment.xla_layer`) is
+  set in the leader, never in the caller.
 - SPMD: the leader is the one process that drives every device. It switches SPMD on first, before
   anything in it can start the runtime, and runs the function itself, without ``xmp.spawn``
   (whose runtime would already be up when the function starts).
 
-The leader says what went wrong before any replica ran in a record of its own (`LEADER_FILE`);
+The leader says what went wrong before any replica ran in a record of its own (`LEADER_FAILURE`);
 how each replica ended is in the replicas' own records and the owner's.
 """
 
@@ -23,42 +23,37 @@ import faulthandler
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from xlaunch.backends.environment import apply
 from xlaunch.backends.processes import ProcessSet
 from xlaunch.backends.xla import pool, replica
+from xlaunch.backends.xla.tail import Tail
 from xlaunch.plan.specs import XlaSpec
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.worker import process_tree
-from xlaunch.worker.launch_dir import LaunchDir, atomic_write
+from xlaunch.worker.launch_dir import LEADER_FAILURE, LaunchDir, atomic_write
 from xlaunch.worker.rank import die_with_parent, flush_output
 
-if TYPE_CHECKING:
-    from xlaunch.backends.xla.attempt import XlaAttempt
 
-LEADER_FILE = "leader.json"
-
-
-def run(attempt: XlaAttempt, owner: ProcessSet) -> Any:
+def run(spec: XlaSpec, job: replica.ReplicaJob, owner: ProcessSet, tail: Tail) -> Any:
     """In the launch thread: fork the leader, wait for its end; its record read after."""
-    write_end = attempt.tail.open_pipe()
-    setup = dataclasses.replace(attempt.job.setup, tree=owner.ticket(forked=True))
-    job = dataclasses.replace(attempt.job, setup=setup,
-                              process_env=pool.replica_variables(attempt.spec, str(attempt.attempt)))
+    write_end = tail.open_pipe()
+    job = dataclasses.replace(job, setup=dataclasses.replace(job.setup,
+                                                             tree=owner.ticket(forked=True)))
     flush_output()  # buffered text would be written twice
     try:
-        leader = owner.start("fork", lead, (attempt.spec, job, write_end), name="xlaunch-leader")
+        leader = owner.start("fork", lead, (spec, job, write_end), name="xlaunch-leader")
     finally:
         os.close(write_end)
     owner.wait([leader], None)
     owner.exitcode(leader)
-    attempt.failure = attempt.failure or read_leader_failure(attempt.attempt)
     return leader
 
 
-def lead(spec: XlaSpec, job: replica.Job, stderr_fd: int) -> None:
+def lead(spec: XlaSpec, job: replica.ReplicaJob, stderr_fd: int) -> None:
     """The leader's whole life: set up, spawn the replicas, say what failed before they ran."""
-    attempt = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
+    folder = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
     try:
         process_tree.join(job.setup.tree)
         os.dup2(stderr_fd, 2)
@@ -67,7 +62,7 @@ def lead(spec: XlaSpec, job: replica.Job, stderr_fd: int) -> None:
         for number in (signal.SIGINT, signal.SIGTERM):
             signal.signal(number, signal.SIG_DFL)
         die_with_parent()
-        os.environ.update(pool.caller_variables(spec))
+        apply(job.setup.launch_env)  # what xmp.spawn reads where it is called among them
         # Its replicas: in its own tree already, with nothing of the caller's to let go of.
         job = dataclasses.replace(job, setup=dataclasses.replace(job.setup, tree=None))
         if spec.spmd_devices:  # SPMD on before anything here can start the runtime
@@ -86,14 +81,15 @@ def lead(spec: XlaSpec, job: replica.Job, stderr_fd: int) -> None:
         raise  # a replica's failure in this process, already in its own record
     except BaseException as error:  # the caller reports it
         record = ProcessFailure.from_exception(error, rank=0, exitcode=1)
-        atomic_write(attempt / LEADER_FILE, record.to_json())
+        atomic_write(folder / LEADER_FAILURE, record.to_json())
         raise SystemExit(1) from None
     finally:
         flush_output()
 
 
-def read_leader_failure(attempt: Path) -> ProcessFailure | None:
+def read_failure(folder: Path) -> ProcessFailure | None:
+    """What the leader recorded as failing before any replica ran, if anything."""
     try:
-        return ProcessFailure.from_json((attempt / LEADER_FILE).read_text())
+        return ProcessFailure.from_json((folder / LEADER_FAILURE).read_text())
     except (OSError, ValueError, TypeError):
         return None

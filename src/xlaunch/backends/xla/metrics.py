@@ -14,8 +14,8 @@ import re
 from collections import Counter
 from typing import Any
 
-DEBUG_VAR = "XLAUNCH_XLA_DEBUG"  # 1: the replicas run torch_xla's compilation analysis
-DEBUG_FILE_VAR = "PT_XLA_DEBUG_FILE"
+from xlaunch.backends.environment import DEBUG_FILE_VAR
+
 # Counted with the fallbacks, but it is reading a value to the host (.item(), .tolist()): it
 # shows in the transfers from the device, and has no lowering to want.
 VALUE_READS = ("aten::_local_scalar_dense",)

@@ -4,8 +4,8 @@ torch_xla's ``run_multiprocess`` never starts the runtime in the process that ca
 caller can host the pool. It reads the device (``PJRT_DEVICE``) and the chip layout in that
 process, though, and the caller's environment is the caller's: this way is taken only when it
 already holds what the replicas need there (`can_run_here`); otherwise a launch leader sets it in
-itself (`leader`). What only the replicas read - Kaggle's presets removed, the compilation
-analysis's files - each forked process sets in itself as it begins (`replica.begin_process`).
+itself (`leader`). Every process the pool forks sets its own environment as it begins
+(`replica.begin_process`).
 """
 
 from __future__ import annotations
@@ -14,16 +14,13 @@ import dataclasses
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING
 
+from xlaunch.backends.environment import Variables
 from xlaunch.backends.processes import ProcessSet
 from xlaunch.backends.xla import replica
-from xlaunch.backends.xla.metrics import DEBUG_VAR
+from xlaunch.backends.xla.tail import Tail
 from xlaunch.plan.specs import XlaSpec
 from xlaunch.worker.rank import flush_output
-
-if TYPE_CHECKING:
-    from xlaunch.backends.xla.attempt import XlaAttempt
 
 IMPORT_LIMIT_S = 120.0
 # The thread importing torch_xla: a launch stopped during the import leaves it finishing, and
@@ -31,40 +28,24 @@ IMPORT_LIMIT_S = 120.0
 _LOADER: threading.Thread | None = None
 
 
-def caller_variables(spec: XlaSpec) -> dict[str, str]:
-    """What ``xmp.spawn`` reads in the process that calls it: the device and the chip layout."""
-    values = dict(spec.worker_env)
-    if spec.pjrt_device is not None:
-        values["PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE", spec.pjrt_device)
-    return values
-
-
-def replica_variables(spec: XlaSpec, attempt_folder: str) -> dict[str, str | None]:
-    """What only the replicas' processes read, set in each as it begins; None removes."""
-    values: dict[str, str | None] = {name: None for name in spec.unset_env}
-    if os.environ.get(DEBUG_VAR) == "1":  # the analysis goes to files the report reads
-        values.update(PT_XLA_DEBUG_LEVEL="1", PT_XLA_DEBUG_FILE=f"{attempt_folder}/xla-debug")
-    return values
-
-
-def can_run_here(spec: XlaSpec) -> bool:
+def can_run_here(spec: XlaSpec, path_env: Variables) -> bool:
+    """Whether the caller's environment already holds torch_xla's layer of the replicas'
+    (`environment.xla_layer`): then nothing needs setting where ``xmp.spawn`` is called."""
     return (spec.nprocs is None and spec.start_method == "fork"
-            and all(os.environ.get(name) == value for name, value in caller_variables(spec).items()))
+            and all(os.environ.get(name) == value for name, value in path_env.items()))
 
 
-def run(attempt: XlaAttempt, owner: ProcessSet) -> None:
+def run(job: replica.ReplicaJob, owner: ProcessSet, tail: Tail) -> None:
     """The pool, forked from the launch thread; each of its processes reports itself as it begins."""
-    write_end = attempt.tail.open_pipe()
-    setup = dataclasses.replace(attempt.job.setup, tree=owner.ticket(forked=True))
-    job = dataclasses.replace(attempt.job, setup=setup, stderr_fd=write_end,
-                              process_env=replica_variables(attempt.spec, str(attempt.attempt)))
+    write_end = tail.open_pipe()
+    setup = dataclasses.replace(job.setup, tree=owner.ticket(forked=True))
     try:
-        spawn_pool(job)
+        spawn_pool(dataclasses.replace(job, setup=setup, stderr_fd=write_end))
     finally:
         os.close(write_end)
 
 
-def spawn_pool(job: replica.Job, start_method: str = "fork") -> None:
+def spawn_pool(job: replica.ReplicaJob, start_method: str = "fork") -> None:
     """``xmp.spawn`` of every replica; a replica's failure is in its own record, not raised here."""
     import torch_xla.distributed.xla_multiprocessing as xmp
 

@@ -13,19 +13,20 @@ import faulthandler
 import os
 import pickle
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from xlaunch import _compat, stopping
-from xlaunch.backends.xla.metrics import DEBUG_FILE_VAR, collect
+from xlaunch.backends.environment import apply, worker_environment
+from xlaunch.backends.xla.metrics import collect
 from xlaunch.worker import process_tree
-from xlaunch.worker.launch_dir import LaunchDir, note, private_file
+from xlaunch.worker.launch_dir import CRASH, LaunchDir, Mark, note, private_file
 from xlaunch.worker.rank import Worker, WorkerSetup, by_value
 
 
 @dataclass(frozen=True)
-class Job:
+class ReplicaJob:
     """What every replica runs (plain data, so ``spawn`` can pickle it)."""
 
     function: Callable[..., Any]
@@ -35,7 +36,6 @@ class Job:
     stderr_fd: int | None = None  # the launch's stderr pipe, inherited by forked replicas
     compile_cache: str | None = None  # torch_xla's persistent cache, one folder per process
     replicas_per_process: int = 1  # 2 on v2/v3 chips: replicas that are threads of one process
-    process_env: Mapping[str, str | None] = field(default_factory=dict)  # in each process; None unsets
 
     def __getstate__(self) -> dict[str, Any]:
         # Under spawn the function and its arguments travel by value (cloudpickle), so functions
@@ -51,14 +51,14 @@ class Job:
 
 # The job, for replicas forked from the caller: xmp.spawn's pool pickles what it is given even
 # under fork, and a closure, a lambda or an argument such as a lock cannot be pickled.
-FORKED_JOB: Job | None = None
+FORKED_JOB: ReplicaJob | None = None
 _PROCESS_READY = threading.Lock()
 _CRASH_FILE: Any = None
 _COPYING = threading.Lock()
 _process_done = False
 
 
-def replica(index: int, job: Job | None = None) -> None:
+def replica(index: int, job: ReplicaJob | None = None) -> None:
     """One replica, in a thread of its process."""
     job = job or FORKED_JOB
     assert job is not None
@@ -96,7 +96,7 @@ def _spmd_refused() -> Any:
         yield
 
 
-def replica_inputs(job: Job) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+def replica_inputs(job: ReplicaJob) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """The function and arguments this replica runs: its own deep copy where replicas share a
     process, as Lightning's XLA launcher does.
 
@@ -116,7 +116,7 @@ class Arming:
     """A launch whose pool is being forked: by which thread, and what each process gets."""
 
     thread: int  # the launch thread's ident (a fork elsewhere in the caller is not ours)
-    job: Job
+    job: ReplicaJob
 
 
 def prepare_forked_process() -> None:
@@ -134,28 +134,26 @@ def prepare_forked_process() -> None:
         stopping.install_handler(note=_terminated(arming.job))
 
 
-def begin_process(job: Job) -> None:
-    """Once per replica process: its record that it began, the tree, its variables."""
+def begin_process(job: ReplicaJob) -> None:
+    """Once per replica process: its record that it began, the tree, its environment (before
+    torch_xla's runtime starts in it, which reads some of it)."""
     folder = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
-    note(folder, "process", os.getpid())
+    note(folder, Mark.BEGAN, os.getpid())
     process_tree.join(job.setup.tree)
-    for name, value in job.process_env.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    apply(worker_environment(job.setup.launch_env, attempt=job.attempt, pid=os.getpid(),
+                             xla=True))
 
 
-def _terminated(job: Job) -> Callable[[int], None]:
+def _terminated(job: ReplicaJob) -> Callable[[int], None]:
     folder = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
-    return lambda signum: note(folder, "terminated", os.getpid())
+    return lambda signum: note(folder, Mark.TERMINATED, os.getpid())
 
 
 ARMED: Arming | None = None
 os.register_at_fork(after_in_child=prepare_forked_process)
 
 
-def _prepare_process(job: Job) -> None:
+def _prepare_process(job: ReplicaJob) -> None:
     global _process_done
     with _PROCESS_READY:
         if _process_done:
@@ -171,12 +169,10 @@ def _prepare_process(job: Job) -> None:
         # status goes to torch_xla's pool, so this is how the launch learns which signal it was.
         global _CRASH_FILE
         folder = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
-        _CRASH_FILE = open(private_file(folder / f"crash-{os.getpid()}"), "w")
+        _CRASH_FILE = open(private_file(folder / CRASH.format(os.getpid())), "w")
         faulthandler.enable(file=_CRASH_FILE, all_threads=False)
-        process = os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0")
-        if DEBUG_FILE_VAR in os.environ:  # one analysis file per process, never interleaved
-            os.environ[DEBUG_FILE_VAR] = f"{os.environ[DEBUG_FILE_VAR]}.{process}"
         if job.compile_cache is not None:
+            process = os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0")
             import torch_xla.runtime as xr
 
             # Several processes writing one cache race (torch_xla's own tests give each process
