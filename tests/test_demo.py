@@ -70,8 +70,8 @@ def test_bad_value_exits_2():
 def test_two_processes_by_default_on_a_cpu_only_machine():
     assert default_num_processes(Environment("local", "cpu", 1)) == 2
     assert default_num_processes(Environment("local", "cuda", 4)) is None
-    assert default_num_processes(Environment("colab", "tpu", 4, "v2/v3", 2, 2,
-                                             xla_device="TPU")) is None
+    assert default_num_processes(Environment("colab", "tpu", 4, tpu_generation="v2/v3", tpu_chips=2,
+                                             cores_per_chip=2, xla_device="TPU")) is None
     assert default_num_processes(Environment("local", "cpu", 1, xla_device="CPU")) is None
 
 

@@ -32,9 +32,11 @@ def expect(
     tpu_host_index: int | None = None,
 ) -> Environment:
     """An Environment with every field spelled out, so no case leans on a default."""
-    return Environment(platform, accelerator, device_count, tpu_generation, tpu_chips,
-                       cores_per_chip, interactive, legacy_tpu_node, xla_device, tpu_holders,
-                       tpu_runtime, tpu_hosts, tpu_host_index)
+    return Environment(platform, accelerator, device_count, tpu_generation=tpu_generation,
+                       tpu_chips=tpu_chips, cores_per_chip=cores_per_chip, interactive=interactive,
+                       legacy_tpu_node=legacy_tpu_node, xla_device=xla_device,
+                       tpu_holders=tpu_holders, tpu_runtime=tpu_runtime, tpu_hosts=tpu_hosts,
+                       tpu_host_index=tpu_host_index)
 
 
 def test_expect_spells_out_every_field() -> None:

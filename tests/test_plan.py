@@ -223,8 +223,8 @@ def test_spmd_beyond_torch_xla_names_the_path_and_what_serves_there(tmp_path: Pa
     gpus = Environment("local", "cuda", 2)
     with pytest.raises(ValueError, match=r"GPU path.*FSDP / DTensor"):
         plan(gpus, spmd=True)
-    torch_tpu = Environment("cloud-tpu-vm", "tpu", 8, "v5e", 8, 1, tpu_runtime="torch_tpu",
-                            xla_device="TPU")
+    torch_tpu = Environment("cloud-tpu-vm", "tpu", 8, tpu_generation="v5e", tpu_chips=8,
+                            cores_per_chip=1, tpu_runtime="torch_tpu", xla_device="TPU")
     with pytest.raises(ValueError, match=r"TorchTPU: shard a large model there with FSDP2 / "
                                          r"DTensor over tpu_dist"):
         plan(torch_tpu, spmd=True)

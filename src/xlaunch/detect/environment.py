@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import KW_ONLY, asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,6 +34,7 @@ class Environment:
     platform: Platform
     accelerator: Accelerator
     device_count: int  # TPU cores, GPUs, or CPU devices of the XLA path (1 on a plain CPU box)
+    _: KW_ONLY
     tpu_generation: str | None = None
     tpu_chips: int = 0
     cores_per_chip: int = 0
@@ -95,20 +96,22 @@ def detect(
     if override in ("", "tpu") and (chips or legacy_node):
         if legacy_node:
             # Colab's old TPU Node: a remote v2-8 reached over gRPC, no chips on this host.
-            return Environment(platform, "tpu", 8, "v2/v3", 4, 2, interactive, True, "TPU",
-                               tpu_runtime=_runtime(env, None))
+            return Environment(platform, "tpu", 8, tpu_generation="v2/v3", tpu_chips=4,
+                               cores_per_chip=2, interactive=interactive, legacy_tpu_node=True,
+                               xla_device="TPU", tpu_runtime=_runtime(env, None))
         runtime = "torch_xla" if forced_xla else _runtime(env, chips[0])
         holders = tpu_holders(base)
         pod = _pod(env)
         if runtime == "torch_tpu":
             return _torch_tpu_environment(base, chips, platform, interactive, holders, pod)
         generation, cores = _one_generation(chips)
-        return Environment(platform, "tpu", len(chips) * cores, generation, len(chips), cores,
-                           interactive, False, "TPU", holders, runtime, *pod)
+        return Environment(platform, "tpu", len(chips) * cores, tpu_generation=generation,
+                           tpu_chips=len(chips), cores_per_chip=cores, interactive=interactive,
+                           xla_device="TPU", tpu_holders=holders, tpu_runtime=runtime, **pod)
     if override == "tpu":
         # Asked for a TPU on a host without chips: report what was asked, with no devices, so the
         # planner can refuse with the reason instead of silently falling back.
-        return Environment(platform, "tpu", 0, None, 0, 0, interactive, False, "TPU")
+        return Environment(platform, "tpu", 0, interactive=interactive, xla_device="TPU")
 
     gpus = _cuda_device_count(env, base)
     if override in ("", "cuda") and gpus:
@@ -164,18 +167,21 @@ def _runtime(env: Mapping[str, str], chip_id: str | None) -> TpuRuntime | None:
 
 def _torch_tpu_environment(base: Path, chips: list[str], platform: Platform, interactive: bool,
                            holders: tuple[DeviceHolder, ...],
-                           pod: tuple[tuple[str, ...], int | None]) -> Environment:
+                           pod: dict[str, Any]) -> Environment:
     """A TPU as TorchTPU counts it: one device per TPU PCI function exposed through VFIO (its
     IOMMU group has a /dev/vfio node), two per chip on v7. No VFIO (/dev/accel*): no devices."""
     known = torch_tpu_chip(chips[0])
     if known is None:  # only an override gets here: TorchTPU knows no such chip (v2/v3)
         generation, cores = _one_generation(chips)
-        return Environment(platform, "tpu", 0, generation, len(chips), cores, interactive, False,
-                           None, holders, "torch_tpu", *pod)
+        return Environment(platform, "tpu", 0, tpu_generation=generation, tpu_chips=len(chips),
+                           cores_per_chip=cores, interactive=interactive, tpu_holders=holders,
+                           tpu_runtime="torch_tpu", **pod)
     devices = _vfio_functions(base)
     per_chip = known.devices_per_chip
-    return Environment(platform, "tpu", devices, known.generation, devices // per_chip, per_chip,
-                       interactive, False, None, holders, "torch_tpu", *pod)
+    return Environment(platform, "tpu", devices, tpu_generation=known.generation,
+                       tpu_chips=devices // per_chip, cores_per_chip=per_chip,
+                       interactive=interactive, tpu_holders=holders, tpu_runtime="torch_tpu",
+                       **pod)
 
 
 def _vfio_functions(base: Path) -> int:
@@ -193,12 +199,13 @@ def _vfio_functions(base: Path) -> int:
     return count
 
 
-def _pod(env: Mapping[str, str]) -> tuple[tuple[str, ...], int | None]:
+def _pod(env: Mapping[str, str]) -> dict[str, Any]:
     """GCE's description of a multi-host slice: every host's name, and this host's index."""
     hosts = tuple(name for name in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if name)
     worker = env.get("TPU_WORKER_ID", "").strip()
-    index = int(worker) if worker.isdigit() else None
-    return (hosts, index) if len(hosts) > 1 else ((), None)
+    if len(hosts) < 2:
+        return {}
+    return {"tpu_hosts": hosts, "tpu_host_index": int(worker) if worker.isdigit() else None}
 
 
 def _pci_entries(base: Path) -> list[Path]:
