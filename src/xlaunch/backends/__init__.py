@@ -11,7 +11,9 @@ process left, for `xlaunch.result.judge`. One module or package per path:
 - `inline`: one process, the caller's own.
 
 Every process a launch starts has one owner, `processes.ProcessSet`: it starts them, stops them
-and records why; `supervise` runs an attempt in a launch thread and restarts (`run_attempts`).
+and records which signals reached each. Every path that starts processes runs its attempts as one
+`supervise.Attempt` (the gate, the deadline, the stop, the facts; the restarts), supplying only a
+`Starter` of its own; `environment` builds every variable a worker gets.
 """
 
 from __future__ import annotations
