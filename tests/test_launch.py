@@ -679,16 +679,24 @@ def test_timeout_ends_a_wait_for_nodes_that_never_come():
                           use_port=str(port), timeout=3)
 
 
-def test_a_killed_launchers_directory_is_swept_by_the_next_launch(tmp_path):
+@pytest.mark.parametrize("base", ["temp", "shared memory"])
+def test_a_killed_launchers_directory_is_swept_by_the_next_process_to_launch(tmp_path, base):
     import tempfile
 
+    folder = tempfile.gettempdir() if base == "temp" else "/dev/shm"
+    if not os.access(folder, os.W_OK):
+        pytest.skip(f"no {folder} here")
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
     dead_pid = int(done.stdout)  # a process that has exited: its directory is a leftover
-    leftover = Path(tempfile.mkdtemp(prefix=f"xlaunch-{dead_pid}-"))
-    mine = Path(tempfile.mkdtemp(prefix=f"xlaunch-{os.getpid()}-"))  # a live launcher's
+    leftover = Path(tempfile.mkdtemp(prefix=f"xlaunch-{dead_pid}-", dir=folder))
+    mine = Path(tempfile.mkdtemp(prefix=f"xlaunch-{os.getpid()}-", dir=folder))  # a live one's
     try:
-        notebook_launcher(os.getpid, num_processes=2)
+        done = run_script(tmp_path, """
+            import os, xlaunch
+            xlaunch.notebook_launcher(os.getpid, num_processes=2)  # this process's first launch
+        """)
+        assert done.returncode == 0, done.stderr[-2000:]
         assert not leftover.exists() and mine.exists()
     finally:
         mine.rmdir()

@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -142,28 +143,28 @@ def test_a_second_user_cannot_read_replace_or_plant_a_returned_value(tmp_path: P
     assert facts["tries"] and all(code != 0 for code in facts["tries"].values()), facts["tries"]
 
 
-def test_a_launch_folder_of_another_user_is_never_used_for_a_value(tmp_path: Path) -> None:
+def test_a_spill_folder_of_another_user_is_never_used_for_a_value(tmp_path: Path) -> None:
     from xlaunch.worker.launch_dir import LaunchDir
 
     launch = LaunchDir.create()
+    spill = Path(tempfile.gettempdir()) / Path(launch.folder).name
     try:
-        shared = launch.shared
-        if shared is None:
-            pytest.skip("no shared memory here")
-        assert stat.S_IMODE(shared.stat().st_mode) == 0o700
+        if not launch.folder.startswith("/dev/shm/"):
+            pytest.skip("no shared memory here: the launch's folder is on disk already")
         assert stat.S_IMODE(Path(launch.folder).stat().st_mode) == 0o700
-        shared.chmod(0o755)  # a folder others can read is not the launch's: values go to disk
-        assert launch.shared is None
+        assert launch.spill() is None and not spill.exists()  # made only when a value needs it
+        assert launch.spill(make=True) == spill and stat.S_IMODE(spill.stat().st_mode) == 0o700
+        spill.chmod(0o755)  # a folder others can read is not the launch's: no value goes there
+        assert launch.spill() is None
         if ROOT:
-            shared.chmod(0o700)
-            os.chown(shared, 65534, 65534)  # nor is one another user made first
-            assert launch.shared is None
+            spill.chmod(0o700)
+            os.chown(spill, 65534, 65534)  # nor is one another user made first
+            assert launch.spill() is None and launch.spill(make=True) is None
     finally:
         launch.remove()
-    theirs = Path("/dev/shm") / Path(launch.folder).name
     assert not Path(launch.folder).exists()
-    assert theirs.exists() == ROOT  # a folder that is not the user's own is not theirs to remove
-    shutil.rmtree(theirs, ignore_errors=True)
+    assert spill.exists() == ROOT  # a folder that is not the user's own is not theirs to remove
+    shutil.rmtree(spill, ignore_errors=True)
 
 
 # Rank 0 kills itself (SIGKILL, as the out-of-memory killer would) at a random moment around its
@@ -206,7 +207,8 @@ def test_a_rank_killed_while_sending_its_result_is_the_root_cause_never_none(
 
 
 # A shared memory that fills up while the value's bytes are written (the room check passed): the
-# bytes go to the launch's folder on disk; both full is an error naming the full file systems.
+# bytes go to the launch's spill folder on disk; both full is an error naming the full file
+# systems.
 # In a private mount namespace: /dev/shm and the temporary directory are small tmpfs of its own.
 FULL = """
     import json, os, sys, tempfile, torch, xlaunch
@@ -220,7 +222,7 @@ FULL = """
     facts = {}
     try:
         value_module.write_value(launch, attempt, {"t": big})
-        shm_left = os.listdir(launch.shared)
+        shm_left = [name for name in os.listdir(launch.folder) if "value" in name]
         ok, back = value_module.read_value(attempt)
         facts["direct"] = [ok, torch.equal(back["t"], big), shm_left]
     except OSError as error:

@@ -2,12 +2,15 @@
 
 Workers report through files rather than pipes: a record written before a worker exits survives
 however that worker then dies, and a stack dumped by `faulthandler` lands there even when the
-worker is stuck inside a C++ collective. Each launch has two folders of the same random name, one
-in the temporary directory (records, failures, stacks, pids, marks) and one in shared memory
-(``/dev/shm``: the bytes of a returned value, `worker.value`). Both are created exclusively,
-0700 whatever the umask, and every file in them is created exclusively (never one that exists,
-never through a symlink), 0600: no other user can read, replace or redirect anything a worker
-sends back, at any moment. The caller reads them once the workers are done and removes both; a
+worker is stuck inside a C++ collective. Each launch has one folder of a random name, in shared
+memory (``/dev/shm``, a tmpfs: a file made or removed there costs microseconds, where a disk's
+folder cost up to 2 ms to remove here) or, where shared memory cannot be had, in the temporary
+directory: its records, failures, stacks, pids and marks, and the bytes of a returned value
+(`worker.value`). The bytes shared memory has no room for go to a folder of the same name in the
+temporary directory, made only then (`LaunchDir.spill`). Every folder is created exclusively, 0700
+whatever the umask, and every file in them is created exclusively (never one that exists, never
+through a symlink), 0600: no other user can read, replace or redirect anything a worker sends
+back, at any moment. The caller reads them once the workers are done and removes them; a
 failure's whole text, when its record had to be cut, moves to the user's own cache folder
 (`keep_whole_text`, bounded).
 """
@@ -33,7 +36,7 @@ from xlaunch.result.report import RankReport
 from xlaunch.worker.frames import user_frames_first
 
 PREFIX = "xlaunch-"
-SHARED_MEMORY = Path("/dev/shm")  # where a returned value's bytes may go (worker/value.py)
+SHARED_MEMORY = Path("/dev/shm")  # where a launch keeps its folder, where it can
 # What the launch's owner (backends/processes.py) sends a live rank at a timeout: the rank's
 # faulthandler (worker/rank.py) writes every thread's stack into the launch folder.
 STACK_SIGNAL = signal.SIGUSR1
@@ -112,38 +115,40 @@ class LaunchDir:
 
     @classmethod
     def create(cls) -> LaunchDir:
-        """Fresh folders named after this process and a random name, in the temporary directory
-        and in shared memory; leftovers of dead launchers are swept first.
+        """A fresh folder named after this process and a random name, in shared memory where it
+        can be made there, else in the temporary directory; the first launch of a process sweeps
+        the leftovers of dead launchers first.
 
-        Both are created exclusively: a name another user took first is given up for another.
-        Without a usable shared memory, values go to the folder on disk. A launcher killed
-        outright (SIGKILL, a kernel restart) cannot remove its folders; the next launch by the
-        same user does, once the process that made them is gone.
+        Created exclusively: a name another user took first is given up for another. A launcher
+        killed outright (SIGKILL, a kernel restart) cannot remove its folders; the next process
+        of the same user to launch does, once the process that made them is gone.
         """
         temp = Path(tempfile.gettempdir())
-        sweep_stale(temp, SHARED_MEMORY)
+        _sweep_once(temp)
         for _ in range(_NAME_TRIES):
             name = f"{PREFIX}{os.getpid()}-{os.urandom(6).hex()}"
-            try:
-                private_dir(temp / name)
-            except FileExistsError:
-                continue
-            try:
-                private_dir(SHARED_MEMORY / name)
-            except FileExistsError:
-                os.rmdir(temp / name)
-                continue
-            except OSError:  # no shared memory here (or not ours to write): values go to disk
-                pass
-            return cls(str(temp / name))
+            for base in (SHARED_MEMORY, temp):
+                try:
+                    private_dir(base / name)
+                    return cls(str(base / name))
+                except FileExistsError:
+                    break  # another name
+                except OSError:  # no shared memory here (or not ours to write)
+                    continue
         raise FileExistsError(errno.EEXIST, f"no free name for a launch folder in {temp} after "
                               f"{_NAME_TRIES} tries")
 
-    @property
-    def shared(self) -> Path | None:
-        """The launch's folder in shared memory, when it exists and is this user's own, private
-        folder (a worker checks before it writes a value there)."""
-        folder = SHARED_MEMORY / Path(self.folder).name
+    def spill(self, make: bool = False) -> Path | None:
+        """The folder on disk for a value's bytes that shared memory has no room for: the
+        temporary directory's folder of this launch's name, made (exclusively) when ``make``.
+        None where the launch's folder is on disk already, or where that name is not this
+        user's own private folder (another user made it first)."""
+        if Path(self.folder).parent != SHARED_MEMORY:
+            return None
+        folder = Path(tempfile.gettempdir()) / Path(self.folder).name
+        if make:
+            with contextlib.suppress(FileExistsError):
+                private_dir(folder)
         try:
             info = folder.lstat()
         except OSError:
@@ -179,12 +184,21 @@ class LaunchDir:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
-        shared = self.shared
-        if shared is not None:  # the bytes of values nobody took (a failed launch's)
-            shutil.rmtree(shared, ignore_errors=True)
+        spill = self.spill()
+        if spill is not None:  # the bytes of a value nobody took (a failed launch's)
+            shutil.rmtree(spill, ignore_errors=True)
 
 
 _NAME_TRIES = 100
+_SWEPT: set[Path] = set()  # the temporary directories this process swept
+
+
+def _sweep_once(temp: Path) -> None:
+    """A launcher that died leaves its folders; a process's first launch removes them. (Later
+    ones find none that this process could have left: it is alive.)"""
+    if temp not in _SWEPT:
+        _SWEPT.add(temp)
+        sweep_stale(temp, SHARED_MEMORY)
 
 
 def sweep_stale(temp: Path, shared: Path | None = None) -> None:
@@ -295,8 +309,9 @@ def _numbered(attempt: Path, name: str) -> list[tuple[int, Path]]:
 def record_failure(attempt: Path, failure: ProcessFailure) -> None:
     """The record, its message and traceback bounded; the whole text beside it when cut."""
     failure, whole = failure.bounded()
-    if whole is not None:
-        atomic_write(attempt / FAILURE_TEXT.format(failure.rank), whole)
+    if whole is not None:  # as much as is kept of it (shared memory is memory); the record says
+        with contextlib.suppress(OSError):  # the most, and is written whatever happens here
+            atomic_write(attempt / FAILURE_TEXT.format(failure.rank), whole[:KEPT_TEXT_BYTES + 1])
     atomic_write(attempt / FAILURE.format(failure.rank), failure.to_json())
 
 

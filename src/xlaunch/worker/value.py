@@ -6,11 +6,11 @@ the caller maps that file and the tensor is rebuilt over the mapped pages, never
 the caller's memory, nothing checksummed or compressed on the way (``torch.save`` spent 1.9 s on a
 500 MiB tensor, most of it its zip checksum). Smaller buffers travel inside the record.
 
-Where the bytes go: the launch's folder in shared memory (``/dev/shm``) when it has room, else its
-folder on disk (writing 500 MiB to a disk-backed temporary directory took 1.2-1.7 s here against
-0.35-0.48 s to ``/dev/shm``). Shared memory that fills up while the bytes are written falls back to
-disk too; a disk that is full as well is the rank's error, naming both places. Every file is
-private to the user (`launch_dir.private_file`).
+Where the bytes go: the launch's folder, in shared memory (``/dev/shm``) when it has room, else a
+folder of the launch's on disk (`LaunchDir.spill`; writing 500 MiB to a disk-backed temporary
+directory took 1.2-1.7 s here against 0.35-0.48 s to ``/dev/shm``). Shared memory that fills up
+while the bytes are written falls back to disk too; a disk that is full as well is the rank's
+error, naming both places. Every file is private to the user (`launch_dir.private_file`).
 
 The record: a header (the bytes' files and lengths), the pickle stream, and a commit trailer the
 worker writes last (a marker and the record's length). The caller takes a value only with its
@@ -56,14 +56,14 @@ def write_value(launch: LaunchDir, attempt: Path, value: Any) -> None:
     pickler = _Pickler(stream, buffers)
     pickler.dump(to_cpu(value))
     views = [buffer.raw() for buffer in buffers]
-    total = sum(view.nbytes for view in views)
-    shared = launch.shared if views else None
-    place = shared if shared is not None and _room(shared, total) else attempt
+    place = Path(launch.folder)
+    if views and not _room(place, sum(view.nbytes for view in views)):
+        place = launch.spill(make=True) or place
     files = []
     for index, view in enumerate(views):
-        # Named for its attempt too: the shared-memory folder is the launch's, and a rank that
-        # died while sending leaves its files there until the launch ends.
-        file, place = _write_bytes(place, attempt, VALUE.format(attempt.name, index), view)
+        # Named for its attempt: a rank that died while sending leaves its files until the
+        # launch ends, and the next attempt's rank sends its own.
+        file, place = _write_bytes(place, launch, VALUE.format(attempt.name, index), view)
         files.append(str(file))
     head = json.dumps({"files": files, "lengths": [view.nbytes for view in views]}).encode()
     body = len(head).to_bytes(8, "little") + head + stream.getbuffer()
@@ -71,7 +71,8 @@ def write_value(launch: LaunchDir, attempt: Path, value: Any) -> None:
 
 
 def _room(folder: Path, size: int) -> bool:
-    """Whether ``folder``'s file system has room for ``size`` bytes and some to spare."""
+    """Whether ``folder``'s file system has room for ``size`` bytes and some to spare (shared
+    memory is memory: the rest of the machine needs some)."""
     try:
         room = os.statvfs(folder)
     except OSError:
@@ -79,20 +80,22 @@ def _room(folder: Path, size: int) -> bool:
     return room.f_bavail * room.f_frsize >= size + ROOM_TO_SPARE
 
 
-def _write_bytes(place: Path, attempt: Path, name: str, view: memoryview) -> tuple[Path, Path]:
-    """Write one buffer to a private file in ``place``; when that file system fills up, in the
-    attempt's folder on disk instead. The file, and where the next buffer goes."""
+def _write_bytes(place: Path, launch: LaunchDir, name: str,
+                 view: memoryview) -> tuple[Path, Path]:
+    """Write one buffer to a private file in ``place``; when shared memory fills up, in the
+    launch's folder on disk instead. The file, and where the next buffer goes."""
     try:
         _write_file(place / name, view)
         return place / name, place
     except OSError as full:
-        if full.errno not in _FULL or place == attempt:
+        spill = launch.spill(make=True) if full.errno in _FULL else None
+        if spill is None or place == spill:
             raise _not_sent(full, view, place, None) from None
     try:
-        _write_file(attempt / name, view)
+        _write_file(spill / name, view)
     except OSError as error:
-        raise _not_sent(error, view, attempt, place) from None
-    return attempt / name, attempt
+        raise _not_sent(error, view, spill, place) from None
+    return spill / name, spill
 
 
 def _write_file(file: Path, view: memoryview) -> None:
