@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from xlaunch.result.errors import LeftRunning, left_running_text
-from xlaunch.result.outcome import Outcome, judge
+from xlaunch.result.outcome import Outcome, judge, restarting
 
 POLL_S = 0.05  # how often the caller's thread looks at the clock and the launch's own checks
 
@@ -29,21 +30,28 @@ def run_attempts(max_restarts: int, timeout: float | None,
     """Every path's restarts, one loop: attempt after attempt until one succeeds, the launch's
     time is up, or ``max_restarts`` are spent. ``one_attempt(number, seconds left)`` ends only
     once every process of that attempt is gone; the last attempt's outcome keeps the earlier
-    ones' exits (`LaunchError.earlier_attempts`) and what any attempt left running."""
+    ones' exits (`LaunchError.earlier_attempts`) and what any attempt left running. Each
+    restart is said on stderr, naming the failure that ended the attempt."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    earlier: list[tuple] = []  # type: ignore[type-arg]
+    earlier: list[Outcome] = []
     left_running: tuple[LeftRunning, ...] = ()
     attempt = 0
     while True:
         remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
         outcome = one_attempt(attempt, remaining)
         left_running += outcome.left_running
-        outcome = dataclasses.replace(outcome, earlier_attempts=tuple(earlier),
+        outcome = dataclasses.replace(outcome, earlier_attempts=tuple(o.exits for o in earlier),
+                                      earlier_nodes=tuple(o.nodes for o in earlier),
                                       left_running=left_running)
-        if (attempt >= max_restarts or outcome.timed_out or outcome.leader_failure is not None
-                or judge(outcome) is None):
+        if attempt >= max_restarts or outcome.timed_out or outcome.leader_failure is not None:
             return outcome
-        earlier.append(outcome.exits)
+        error = judge(outcome)
+        if error is None:
+            return outcome
+        # Said on every node: each judged the same failure (its own, or the one it was told).
+        print(f"xlaunch: {restarting(error, attempt + 2, max_restarts + 1)}", file=sys.stderr,
+              flush=True)
+        earlier.append(outcome)
         attempt += 1
 
 

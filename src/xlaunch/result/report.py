@@ -73,10 +73,15 @@ class LaunchReport:
     ranks: tuple[RankReport, ...] = ()
     warnings: tuple[str, ...] = ()
     memory_total: int | None = None  # this machine's memory (the memory bars' scale)
+    # A failed launch: what its error leads with (rank, node and host, exception), wherever the
+    # failure happened: another machine's when this one's ranks were only stopped for it
+    root_cause: str | None = None
 
     def __str__(self) -> str:
         lines = [f"xlaunch report: {self.path} launch, {len(self.ranks)} rank(s) reported, "
                  f"{self.wall_seconds:.2f} s"]
+        if self.root_cause:
+            lines.append(f"root cause: {self.root_cause}")
         lines += [f"  {_rank_line(rank)}" for rank in self.ranks]
         lines += [f"warning: {text}" for text in self.warnings]
         return "\n".join(lines)

@@ -27,6 +27,9 @@ def render(report: LaunchReport) -> str:
     title = (f"xlaunch report: {escape(report.path)} launch, {len(report.ranks)} rank(s) "
              f"reported, {report.wall_seconds:.2f} s")
     parts = [f'<div class="xlaunch-report"><div><b>{title}</b></div>']
+    if report.root_cause:
+        parts.append(f'<div class="xlaunch-root-cause" style="{WARNING_STYLE}"><b>root cause'
+                     f"</b>: {escape(report.root_cause)}</div>")
     parts += [f'<div class="xlaunch-warning" style="{WARNING_STYLE}"><b>warning</b>: '
               f"{escape(text)}</div>" for text in report.warnings]
     if report.memory_total:

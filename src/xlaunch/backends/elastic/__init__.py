@@ -86,11 +86,13 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
             displays.live.owner_stopped = lambda: run.owner is not None and run.owner.stopped()
 
         def facts(timed_out: bool) -> Outcome:
-            return Outcome(path=plan.path, world_size=plan.world_size, exits=run.exits(),
+            exits = run.exits()
+            return Outcome(path=plan.path, world_size=plan.world_size, exits=exits,
                            result=read_value(run.folder)[1], timed_out=timed_out,
                            timeout=plan.timeout,
                            rank_reports=tuple(read_rank_reports(run.folder)),
-                           leader_failure=run.failure if not timed_out else None)
+                           leader_failure=run.failure if not timed_out else None,
+                           nodes=nodes.after(attempt, exits, timed_out) if nodes else None)
 
         return run_attempt(run, timeout, facts)
 

@@ -38,7 +38,7 @@ class Nodes(Protocol):
     """The other machines of a job, as an attempt needs them (`rendezvous.NodeRendezvous`)."""
 
     def meet(self, attempt: int) -> World: ...
-    def report_failure(self, attempt: int) -> None: ...
+    def report_failure(self, attempt: int, rank_exit: RankExit) -> None: ...
     def failed_elsewhere(self, attempt: int) -> str | None: ...
 
 
@@ -97,8 +97,8 @@ class DistAttempt:
                 pending.remove(process)
                 rank = world.rank_offset + local_rank[process]
                 if self._failed(owner.exitcode(process), rank) and not owner.stopped():
-                    if self.nodes is not None:
-                        self.nodes.report_failure(self.attempt)
+                    if self.nodes is not None:  # which rank, and how: the others lead with it
+                        self.nodes.report_failure(self.attempt, self.exits()[local_rank[process]])
                     owner.stop(f"rank {rank} failed")
             elsewhere = self.nodes.failed_elsewhere(self.attempt) if self.nodes else None
             if elsewhere is not None and pending and not owner.stopped():
