@@ -50,6 +50,7 @@ SAY_AGAIN_EVERY_S = 30.0
 # torch elastic's own bound on a rendezvous (static's ``timeout``, c10d's ``join_timeout``),
 # where neither ``timeout=`` nor ``rdzv_conf`` gives one.
 ENGINE_BOUND_S = 600
+C10D_READ_TIMEOUT_S = 60  # torch elastic's c10d: each call to its store, reaching it included
 # Leaving the rendezvous tells the store; a store cut off is not waited for longer than this.
 CLOSE_WAIT_S = 5.0
 # A node whose workers were only stopped, or lost a peer, waits this long at most for the other
@@ -149,9 +150,19 @@ class NodeRendezvous:
         conf = self._conf()
         if name in conf:
             given = "rdzv_conf" if name in self.spec.rdzv_conf else "the launch's timeout="
-            return f"gives up after {conf[name]} s ({given})"
-        return f"gives up after {ENGINE_BOUND_S} s (torch elastic's own bound; timeout= or " \
-               f"rdzv_conf={{'{name}': seconds}} change it)"
+            meeting = f"gives up after {conf[name]} s ({given})"
+        else:
+            meeting = f"gives up after {ENGINE_BOUND_S} s (torch elastic's own bound; timeout= " \
+                      f"or rdzv_conf={{'{name}': seconds}} change it)"
+        if self.spec.rdzv_backend != "c10d" or self.handler is not None:
+            return meeting
+        # c10d's handler is still reaching the store at the endpoint: torch waits read_timeout
+        # a try, and tries twice when this machine's names might be the endpoint's.
+        read = conf.get("read_timeout", C10D_READ_TIMEOUT_S)
+        return (f"has had no answer yet from its store there (each try to reach it gives up "
+                f"after {read} s: rdzv_conf={{'read_timeout': seconds}} or timeout= change it; "
+                f"torch tries twice when this machine may be the one to host it); the meeting "
+                f"{meeting}")
 
     def _say_while_waiting(self, met: threading.Event) -> None:
         started, wait = time.monotonic(), SAY_WAITING_AFTER_S
