@@ -173,11 +173,16 @@ def table(samples: dict[str, list[list[dict[str, Any]]]], args: argparse.Namespa
                f"{len(samples[key])}"
 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"{now}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+    cpu = platform.processor() or platform.machine()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    lines = [f"{now}; {cpu}, {os.cpu_count()} cores; "
              f"Python {platform.python_version()}, torch {torch.__version__}, xlaunch "
              f"{xlaunch.__version__}; load average {load_before:.2f} before, "
              f"{os.getloadavg()[0]:.2f} after; medians of {args.repeats}",
-             f"command: sudo {Path(sys.executable).name} bench/hosts.py --repeats {args.repeats}",
+             f"command: python bench/hosts.py --repeats {args.repeats} (as root)",
              "", "| Figure | xlaunch | torchrun | ratio |", "|---|---:|---:|---:|"]
     for host in (0, 1):
         ours, theirs = median("xlaunch result", host), median("torchrun result", host)
