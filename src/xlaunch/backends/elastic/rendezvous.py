@@ -195,7 +195,13 @@ class NodeRendezvous:
         ``rdzv_conf`` names the keep-alive settings."""
         conf = self.spec.rdzv_conf
         interval = float(conf.get("keep_alive_interval", KEEP_ALIVE_INTERVAL_S))
-        bound = interval * int(conf.get("keep_alive_max_attempt", KEEP_ALIVE_MAX_ATTEMPT))
+        attempts = int(conf.get("keep_alive_max_attempt", KEEP_ALIVE_MAX_ATTEMPT))
+        if interval <= 0 or attempts < 1:
+            raise ValueError(
+                f"rdzv_conf keep_alive_interval={interval:g} and keep_alive_max_attempt="
+                f"{attempts}: a machine beats every interval (seconds, more than 0) and is lost "
+                "after that many silent intervals (1 or more)")
+        bound = interval * attempts
         named = "keep_alive_interval" in conf or "keep_alive_max_attempt" in conf
         return interval, bound, self.plan.timeout is None or named
 
