@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -103,6 +104,16 @@ def test_max_restarts_reruns_the_workers(tmp_path):
     assert notebook_launcher(fail_until_third_attempt, args=(str(counter),), num_processes=2,
                              max_restarts=3) == 2
     assert counter.read_text() == "2"
+
+
+def test_each_restart_is_said_with_the_failure_that_ended_the_attempt(tmp_path, capfd):
+    assert notebook_launcher(fail_until_third_attempt, args=(str(tmp_path / "n"),),
+                             num_processes=2, max_restarts=2) == 2
+    said = [line for line in capfd.readouterr().err.splitlines() if "restarting" in line]
+    assert len(said) == 2, said  # both ranks raise: the first to, by its own clock, is named
+    for number, line in enumerate(said):
+        assert re.fullmatch(rf"xlaunch: restarting \(attempt {number + 2} of 3\) after rank [01] "
+                            rf"raised RuntimeError: failing on attempt {number}", line), said
 
 
 def test_every_attempts_root_cause_is_kept_when_the_last_fails_too(tmp_path):

@@ -16,7 +16,8 @@ import signal
 import pytest
 
 from xlaunch.result.errors import LaunchError, LaunchTimeout, ProcessFailure, rank_ranges
-from xlaunch.result.outcome import Outcome, RankExit, judge
+from xlaunch.result.outcome import NodeFacts, Outcome, RankExit, Unheard, judge, restarting
+from xlaunch.result.report import LaunchReport
 
 TERM, KILL, SEGV, ABRT = signal.SIGTERM, signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT
 
@@ -259,3 +260,115 @@ def test_a_rank_killed_after_its_function_returned_is_the_cause_of_its_peers_sto
     assert error.root_cause.exitcode == -KILL and not error.root_cause.secondary
     assert "its function returned, then its process" in str(error), str(error)
     assert judge(Outcome("elastic", 2, (gone, ENDS["finished"](1, 0)))) is None  # all done
+
+
+# --- several machines: what another node told this one (issue 33, point 5) -----------------------
+
+def told(rank, node, kind="raised", when=50):
+    """Another node's failure as it arrives through the store: judged there, marked with it."""
+    failure = judge(Outcome("elastic", 4, (ENDS[kind](rank, when),))).failures[0]
+    return dataclasses.replace(failure, node=node, host=f"h{node + 1}", told=True).to_share()
+
+
+@pytest.mark.parametrize("elsewhere", ["raised", "killed-itself", "lost-peer", None])
+def test_every_pair_of_ends_here_with_what_another_node_told(elsewhere):
+    """Node 0 holds ranks 0-1; node 1 told that its rank 3 failed (or told nothing). This
+    node's own failure leads when it has one: it failed before it heard (else it would have
+    been stopped), where two machines' clocks cannot be compared. Otherwise the other node's."""
+    there = () if elsewhere is None else (told(3, 1, elsewhere),)
+    for kinds in itertools.product(ENDS, repeat=2):
+        exits = tuple(ENDS[kind](rank, 100) for rank, kind in enumerate(kinds))
+        error = judge(Outcome("elastic", 4, exits, nodes=NodeFacts(0, "h1", there)))
+        own = [r for r, kind in enumerate(kinds) if kind in DIED | RAISED]
+        remote = elsewhere in ("raised", "killed-itself")
+        if error is None:  # its ranks all finished: what another node said changes nothing
+            assert all(kind in DONE for kind in kinds), kinds
+            continue
+        root = error.root_cause
+        if own:
+            assert (root.node, root.rank) == (0, expected_root(kinds, (100, 100))), kinds
+        elif remote:
+            assert (root.node, root.rank, root.host) == (1, 3, "h2"), kinds
+            assert str(error).startswith("the launch failed: rank 3 on node 1 (host h2) "), kinds
+        assert all(f.node is not None for f in error.failures), kinds
+        assert len([f for f in error.failures if f.node == 1]) == (1 if remote else 0), kinds
+
+
+def test_the_healthy_hosts_error_leads_with_the_remote_rank_and_its_traceback():
+    """The issue's case: host 1's ranks were stopped because rank 3 on host 2 raised. Before,
+    its whole error was "rank 0 killed by SIGTERM ... [secondary] ranks 0-1"."""
+    stopped = (ENDS["stopped"](0, 0), ENDS["stopped"](1, 0))
+    report = LaunchReport("elastic", 1.0)
+    error = judge(Outcome("elastic", 4, stopped, nodes=NodeFacts(0, "h1", (told(3, 1),))), report)
+    text = str(error)
+    assert text.startswith("the launch failed: rank 3 on node 1 (host h2) raised ValueError; "
+                           "2 other ranks of 4 failed"), text
+    lines = text.splitlines()
+    assert lines[2] == "[root cause] rank 3 (pid 103) on node 1 (host h2): ValueError: bad batch"
+    assert "told by node 1's launch through the rendezvous store" in lines[3]
+    assert "Traceback ..." in text
+    assert "[secondary: stopped by the launcher] ranks 0-1 on node 0 (host h1): killed by " \
+           "SIGTERM" in text
+    assert error.report.root_cause == "rank 3 on node 1 (host h2) raised ValueError: bad batch"
+    assert "root cause: rank 3 on node 1 (host h2)" in str(error.report)
+    assert "root cause" in error.report._repr_html_()
+
+
+def test_a_node_that_failed_on_its_own_leads_with_its_own_and_lists_the_others():
+    here = (ENDS["raised"](0, 900), ENDS["stopped"](1, 0))
+    error = judge(Outcome("elastic", 4, here, nodes=NodeFacts(0, "h1", (told(3, 1, when=1),))))
+    assert (error.root_cause.node, error.root_cause.rank) == (0, 0)
+    assert [(f.node, f.rank, f.secondary) for f in error.failures] == [
+        (0, 0, False), (1, 3, False), (0, 1, True)]
+
+
+def test_nodes_not_heard_from_are_named_with_their_ranks():
+    stopped = (ENDS["stopped"](0, 0), ENDS["stopped"](1, 0))
+    quiet = Unheard(1, "h2", (2, 3), 15.0)
+    error = judge(Outcome("elastic", 4, stopped, nodes=NodeFacts(0, "h1", unheard=(quiet,))))
+    assert str(error).startswith("the launch failed: ranks 2-3 on node 1 (host h2) gave no sign "
+                                 "of life through the rendezvous store; 2 other ranks of 4"), error
+    assert "[root cause] ranks 2-3 on node 1 (host h2)" in str(error)
+    assert "for 15 s, and it never said it ended" in str(error)
+    cut = Unheard(0, "h1", (0, 1), 15.0, store="10.0.0.1:29500")
+    error = judge(Outcome("elastic", 4, stopped, nodes=NodeFacts(1, "h2", unheard=(cut,))))
+    assert "the rendezvous store at 10.0.0.1:29500 stopped answering this machine" in str(error)
+
+
+def test_at_a_timeout_what_another_node_told_does_not_lead():
+    timed = (RankExit(0, 100, -TERM, signals_sent=frozenset({TERM}), running_at_deadline=True),)
+    error = judge(Outcome("elastic", 2, timed, timed_out=True, timeout=5,
+                          nodes=NodeFacts(0, "h1", (told(1, 1),))))
+    assert isinstance(error, LaunchTimeout) and [f.node for f in error.failures] == [0]
+
+
+def test_a_restart_names_the_failure_wherever_it_was():
+    stopped = (ENDS["stopped"](0, 0), ENDS["stopped"](1, 0))
+    error = judge(Outcome("elastic", 4, stopped, nodes=NodeFacts(0, "h1", (told(3, 1),))))
+    assert restarting(error, 2, 3) == ("restarting (attempt 2 of 3) after rank 3 on node 1 "
+                                       "(host h2) raised ValueError: bad batch")
+    died = judge(Outcome("elastic", 2, (ENDS["killed-itself"](1, 0),)))
+    assert restarting(died, 2, 2) == ("restarting (attempt 2 of 2) after rank 1 ended without "
+                                      "an exception (killed by SIGKILL)")
+
+
+def test_earlier_attempts_keep_what_other_nodes_told():
+    stopped = (ENDS["stopped"](0, 0), ENDS["stopped"](1, 0))
+    error = judge(Outcome("elastic", 4, (ENDS["raised"](0, 1), ENDS["stopped"](1, 0)),
+                          nodes=NodeFacts(1, "h2"), earlier_attempts=(stopped,),
+                          earlier_nodes=(NodeFacts(0, "h1", (told(3, 1),)),)))
+    assert "attempt 1 (restarted) failed first with rank 3 (pid 103) on node 1 (host h2): " \
+           "ValueError: bad batch" in str(error), str(error)
+
+
+def test_what_a_node_tells_the_others_is_bounded_and_plain():
+    long = dataclasses.replace(record(3, 7), message="m" * 10_000,
+                               traceback="".join(f"  line {n}\n" for n in range(5000)),
+                               stack="where it stood", error_file="/tmp/x/failure-3.json",
+                               full_text="/tmp/x/failure-3.txt", stderr_tail="e\n" * 5000)
+    shared = dataclasses.replace(long, node=1, host="h2").to_share()
+    assert len(shared.to_json()) < 16_000
+    assert shared.traceback.endswith("  line 4999\n") and shared.message.startswith("mmm")
+    assert (shared.stack, shared.error_file, shared.full_text) == ("", None, None)
+    back = ProcessFailure.from_json(shared.to_json())
+    assert back == shared and (back.node, back.host) == (1, "h2")

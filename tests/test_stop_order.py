@@ -18,7 +18,7 @@ from xlaunch.backends.exits import AttemptFiles, dist_exits
 from xlaunch.backends.processes import ProcessEnd, ProcessSet
 from xlaunch.backends.supervise import Attempt, supervise
 from xlaunch.plan.specs import InlineSpec, LaunchPlan
-from xlaunch.result.outcome import RankExit
+from xlaunch.result.outcome import Outcome, RankExit
 from xlaunch.worker.launch_dir import LaunchDir, Mark, note, write_pid
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc"), reason="Linux's /proc")
@@ -70,6 +70,9 @@ class Starter:
     def exits(self, attempt: Attempt, ends: Sequence[ProcessEnd],
               files: AttemptFiles) -> tuple[RankExit, ...]:
         return dist_exits(ends, files, 0)
+
+    def outcome(self, attempt: Attempt, outcome: Outcome) -> Outcome:
+        return outcome
 
 
 def test_at_the_deadline_settled_then_cancelled_then_stacks_then_the_stop(tmp_path, monkeypatch):

@@ -170,6 +170,8 @@ def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ..
     global _LAST_REPORT
     _LAST_REPORT = report
     error = judge(outcome, report)
+    if error is not None and error.report is not None:  # the report names the root cause too
+        _LAST_REPORT = error.report
     view = outcome.live_view  # in a notebook: the live view of the ranks, in the cell
     if error is not None:
         if view is not None:

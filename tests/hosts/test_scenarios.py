@@ -128,3 +128,21 @@ def test_an_endpoint_where_nobody_listens_ends_within_the_timeout(hosts, tmp_pat
     out, err = host.start(PYTHON, str(script), "dead-endpoint", "0", str(tmp_path),
                           env=node_env()).communicate(timeout=120)
     assert "ended by" in out and time.monotonic() - started < 10 + 3 + 15, (out, err)
+
+
+def test_a_host_reaching_a_c10d_endpoint_where_nobody_listens_says_so_and_ends_in_time(
+        hosts, tmp_path):
+    """Host 2 meets at host 1's address, where no launch runs: while torch's c10d handler tries
+    to reach the store it says so, and how long each try lasts (before, it said the meeting's
+    bound, which does not apply until the store answers)."""
+    script = tmp_path / "node.py"
+    script.write_text(NODE)
+    started = time.monotonic()
+    out, err = hosts[1].start(PYTHON, str(script), "dead-endpoint", "1", str(tmp_path),
+                              env=node_env()).communicate(timeout=120)
+    assert "ended by LaunchTimeout" in out, (out, err)
+    assert time.monotonic() - started < 10 + 3 + 15, (out, err)
+    assert "waiting for the 2 nodes to meet at 10.77.0.1:29516 (torch elastic's c10d " \
+           "rendezvous, 5 s so far); it has had no answer yet from its store there (each try " \
+           "to reach it gives up after 10 s" in err, err
+

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,7 +39,7 @@ from xlaunch.backends.exits import AttemptFiles
 from xlaunch.backends.processes import ProcessEnd, ProcessSet
 from xlaunch.plan.specs import LaunchPlan
 from xlaunch.result.errors import LeftRunning, ProcessFailure, left_running_text
-from xlaunch.result.outcome import Outcome, RankExit, judge
+from xlaunch.result.outcome import Outcome, RankExit, judge, restarting
 from xlaunch.worker.launch_dir import (
     LaunchDir,
     Mark,
@@ -68,6 +69,9 @@ class Starter(Protocol):
     def exits(self, attempt: Attempt, ends: Sequence[ProcessEnd],
               files: AttemptFiles) -> tuple[RankExit, ...]:
         """Each rank's end, from the owner's record of each process and the workers' files."""
+
+    def outcome(self, attempt: Attempt, outcome: Outcome) -> Outcome:
+        """The attempt's outcome, with what only the path knows (the other nodes') added."""
 
 
 class Attempt:
@@ -155,17 +159,21 @@ class Attempt:
 
     # --- the facts ----------------------------------------------------------------------------
 
-    def outcome(self, timed_out: bool) -> Outcome:
+    def exits(self) -> tuple[RankExit, ...]:
+        """Each rank's end as the owner's records and the workers' files say now."""
         files = AttemptFiles.read(self.folder, self.settled_at_deadline)
         if self.stacks:
             files = dataclasses.replace(files, stacks=self.stacks)
         ends = self.owner.ends() if self.owner is not None else []
-        return Outcome(path=self.plan.path, world_size=self.plan.world_size,
-                       exits=self.starter.exits(self, ends, files),
-                       result=read_value(self.folder)[1], timed_out=timed_out,
-                       timeout=self.plan.timeout,
-                       rank_reports=tuple(read_rank_reports(self.folder)),
-                       leader_failure=self.failure if not timed_out else None)
+        return self.starter.exits(self, ends, files)
+
+    def outcome(self, timed_out: bool) -> Outcome:
+        outcome = Outcome(path=self.plan.path, world_size=self.plan.world_size,
+                          exits=self.exits(), result=read_value(self.folder)[1],
+                          timed_out=timed_out, timeout=self.plan.timeout,
+                          rank_reports=tuple(read_rank_reports(self.folder)),
+                          leader_failure=self.failure if not timed_out else None)
+        return self.starter.outcome(self, outcome)
 
 
 def run_launch(plan: LaunchPlan, launch_dir: LaunchDir, max_restarts: int,
@@ -203,21 +211,28 @@ def run_attempts(max_restarts: int, timeout: float | None,
     """Every path's restarts, one loop: attempt after attempt until one succeeds, the launch's
     time is up, or ``max_restarts`` are spent. ``one_attempt(number, seconds left)`` ends only
     once every process of that attempt is gone; the last attempt's outcome keeps the earlier
-    ones' exits (`LaunchError.earlier_attempts`) and what any attempt left running."""
+    ones' exits (`LaunchError.earlier_attempts`) and what any attempt left running. Each
+    restart is said on stderr, naming the failure that ended the attempt."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    earlier: list[tuple[RankExit, ...]] = []
+    earlier: list[Outcome] = []
     left_running: tuple[LeftRunning, ...] = ()
     number = 0
     while True:
         remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
         outcome = one_attempt(number, remaining)
         left_running += outcome.left_running
-        outcome = dataclasses.replace(outcome, earlier_attempts=tuple(earlier),
+        outcome = dataclasses.replace(outcome, earlier_attempts=tuple(o.exits for o in earlier),
+                                      earlier_nodes=tuple(o.nodes for o in earlier),
                                       left_running=left_running)
-        if (number >= max_restarts or outcome.timed_out or outcome.leader_failure is not None
-                or judge(outcome) is None):
+        if number >= max_restarts or outcome.timed_out or outcome.leader_failure is not None:
             return outcome
-        earlier.append(outcome.exits)
+        error = judge(outcome)
+        if error is None:
+            return outcome
+        # Said on every node: each judged the same failure (its own, or the one it was told).
+        print(f"xlaunch: {restarting(error, number + 2, max_restarts + 1)}", file=sys.stderr,
+              flush=True)
+        earlier.append(outcome)
         number += 1
 
 

@@ -49,11 +49,18 @@ class Cause(str, enum.Enum):
     LOST_PEER = "lost-peer", 5, "secondary: lost a peer", True  # its error says a peer went away
     STOPPED = "stopped", 6, "secondary: stopped by the launcher", True  # after another failed
     TIMED_OUT = "timed-out", 6, "stopped at the timeout", True  # its stack says where it stood
+    # Several machines: another node's ranks, silent through the store past the keep-alive
+    # bound (that node cut off, or down), or the store itself silent (this machine cut off).
+    UNREACHABLE = "unreachable", 1, "not heard from", False
 
 
 _CAUSES = {cause.value: cause for cause in Cause}
 MESSAGE_LIMIT = 4000  # characters of a rank's message kept in the error; the rest in a file
 TRACEBACK_LIMIT = 24000  # characters of its traceback, likewise
+# What a node sends the others through the store about a failure (`ProcessFailure.to_share`):
+# the traceback's last lines and the stderr's, within these.
+SHARED_TRACEBACK_LIMIT = 6000
+SHARED_TAIL_LIMIT = 2000
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,10 @@ class ProcessFailure:
     error_file: str | None = None
     cause: Cause = Cause.RAISED
     full_text: str | None = None  # a file with the whole message and traceback, when cut here
+    # Several machines: the node the rank ran on and that machine's host name (None: one machine)
+    node: int | None = None
+    host: str = ""
+    told: bool = False  # another node's launch told this one, through the store
 
     @property
     def secondary(self) -> bool:
@@ -92,8 +103,14 @@ class ProcessFailure:
 
     def headline(self) -> str:
         where = "the launch" if self.cause == Cause.LEADER else f"rank {self.rank}"
-        where += f" (pid {self.pid})" if self.pid else ""
+        where += (f" (pid {self.pid})" if self.pid else "") + self.place()
         return f"{where}: {self.what()}" if self.what() else where
+
+    def place(self) -> str:
+        """`` on node 1 (host xlhost2)`` for a launch across machines; empty on one machine."""
+        if self.node is None:
+            return ""
+        return f" on node {self.node}" + (f" (host {self.host})" if self.host else "")
 
     def what(self) -> str:
         if self.cause == Cause.FINISHED_EARLY:
@@ -130,6 +147,15 @@ class ProcessFailure:
         return dataclasses.replace(self, message=_cut(self.message, MESSAGE_LIMIT),
                                    traceback=_cut(self.traceback, TRACEBACK_LIMIT)), whole
 
+    def to_share(self) -> ProcessFailure:
+        """This record as a node sends it to the others through the store: bounded, plain, and
+        without what only this machine can read (its files, its stack at a timeout)."""
+        return dataclasses.replace(
+            self, message=_cut(self.message, MESSAGE_LIMIT),
+            traceback=_last(self.traceback, SHARED_TRACEBACK_LIMIT),
+            stderr_tail=_last(self.stderr_tail, SHARED_TAIL_LIMIT), stack="", error_file=None,
+            full_text=None)
+
     def to_json(self) -> str:
         return json.dumps({**dataclasses.asdict(self), "cause": self.cause.value})
 
@@ -150,6 +176,15 @@ def _cut(text: str, limit: int) -> str:
     head, tail = limit * 2 // 3, limit // 3
     return f"{text[:head]}\n... ({len(text) - head - tail} characters cut: the whole text is in " \
            f"the file the error names) ...\n{text[-tail:]}"
+
+
+def _last(text: str, limit: int) -> str:
+    """The last whole lines of ``text`` within ``limit`` characters (a traceback's end)."""
+    if len(text) <= limit:
+        return text
+    kept = text[-limit:]
+    kept = kept[kept.find("\n") + 1:] if "\n" in kept else kept
+    return f"... ({len(text) - len(kept)} characters before these lines cut)\n{kept}"
 
 
 def root_cause(failures: Sequence[ProcessFailure]) -> ProcessFailure | None:
@@ -197,7 +232,7 @@ def group_failures(failures: Sequence[ProcessFailure]) -> list[list[ProcessFailu
     """
     groups: dict[tuple[Any, ...], list[ProcessFailure]] = {}
     for failure in failures:
-        same = (failure.cause, failure.exc_type, failure.message,
+        same = (failure.cause, failure.exc_type, failure.message, failure.node,
                 failure.exitcode if not failure.exc_type else None, bool(failure.stack))
         key = same if not failure.stack else (*same, failure.rank)  # stacks differ per rank
         groups.setdefault(key, []).append(failure)
@@ -237,10 +272,14 @@ def format_failures(failures: Sequence[ProcessFailure], summary: str) -> str:
         where = "the launch" if first.cause == Cause.LEADER else rank_ranges(f.rank for f in group)
         if len(pids) == 1:
             where += f" (pid {pids[0]})"
+        where += first.place()
         lines += ["", f"[{label}] {where}" + (f": {first.what()}" if first.what() else "")]
         if label == "root cause" and first.secondary:
             lines.append("  (it lost a peer; the peer that failed left no record here: "
                          "look at the other machine's output)")
+        elif first.told:
+            lines.append(f"  (told by node {first.node}'s launch through the rendezvous store; "
+                         "its whole output is on that machine)")
         lines += _details(first)
     return "\n".join(lines)
 

@@ -26,6 +26,14 @@ The root cause is decided from those facts alone, never from when a thread happe
   are the cause: they left while the others still waited on them in a collective (the ranks
   called different collectives, ``if rank == 0: evaluate()``);
 - among ranks that raised on their own, the earliest record (the rank's own clock) comes first.
+
+Across machines each node judges its own ranks from these facts, and sends the others the failure
+that made it stop its workers (`NodeFacts.elsewhere`, through the rendezvous's store); a node
+whose ranks were only stopped, or lost a peer, leads with what another node told it. A node
+that failed in its own right leads with its own failure, and lists the others' after it: that
+its rank failed before it heard of another machine's failure is a fact (it would have been
+stopped otherwise), where comparing two machines' clocks is not. A node silent past the
+keep-alive bound is named with its ranks (`Unheard`).
 """
 
 from __future__ import annotations
@@ -74,6 +82,30 @@ class RankExit:
 
 
 @dataclass(frozen=True)
+class Unheard:
+    """Another node that gave no sign of life through the store for ``seconds`` while this
+    node's workers ran (it never said it ended); ``store``: the store's address when the store
+    itself stopped answering this machine, so that every other node went silent at once."""
+
+    node: int
+    host: str
+    ranks: tuple[int, ...]
+    seconds: float
+    store: str = ""
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """One attempt of a launch across machines, from this node: where it sat, and what the
+    others told it through the rendezvous's store (their failures) or did not (`Unheard`)."""
+
+    node: int
+    host: str
+    elsewhere: tuple[ProcessFailure, ...] = ()  # each node's failure, as that node judged it
+    unheard: tuple[Unheard, ...] = ()
+
+
+@dataclass(frozen=True)
 class Outcome:
     """Everything one launch left; plain data, so `judge` can be tested without processes."""
 
@@ -85,6 +117,8 @@ class Outcome:
     timeout: float | None = None
     leader_failure: ProcessFailure | None = None  # the launch failed before any worker ran
     earlier_attempts: tuple[tuple[RankExit, ...], ...] = ()  # restarted attempts, oldest first
+    nodes: NodeFacts | None = None  # several machines: this attempt's view of the other nodes
+    earlier_nodes: tuple[NodeFacts | None, ...] = ()  # the same for each earlier attempt
     exception: BaseException | None = field(default=None, compare=False)  # inline: the original
     rank_reports: tuple[RankReport, ...] = ()  # what each rank that ran measured of itself
     left_running: tuple[LeftRunning, ...] = ()  # what workers started that left the group
@@ -221,36 +255,114 @@ def _finished_early(rank_exit: RankExit, waiting: Sequence[ProcessFailure]) -> P
 
 
 def judge(outcome: Outcome, report: LaunchReport | None = None) -> LaunchError | None:
-    """The error this outcome amounts to (carrying ``report``), or None when the launch succeeded."""
+    """The error this outcome amounts to (carrying ``report``, which then names the root cause
+    too), or None when the launch succeeded."""
     attempts = [*outcome.earlier_attempts, outcome.exits]
     exits = attempts[-1]
-    earlier = [failures_of(attempt, False, outcome.world_size) for attempt in attempts[:-1]]
+    nodes = [*outcome.earlier_nodes, *[None] * len(attempts)]
+    earlier = [across_nodes(failures_of(attempt, False, outcome.world_size), nodes[number])
+               for number, attempt in enumerate(attempts[:-1])]
     if outcome.leader_failure is not None:
         leader = dataclasses.replace(outcome.leader_failure, cause=Cause.LEADER)
         return LaunchError(f"the {outcome.path} launch failed before any worker ran",
-                           [leader], earlier_attempts=earlier, report=report,
+                           [leader], earlier_attempts=earlier, report=_told(report, [leader]),
                            left_running=outcome.left_running)
     failures = failures_of(exits, outcome.timed_out, outcome.world_size)
-    if outcome.timed_out:
+    if outcome.timed_out:  # the verdict is the timeout, whatever another node said meanwhile
+        failures = across_nodes(failures, _only_here(outcome.nodes))
         return LaunchTimeout(_timeout_summary(outcome, failures), failures,
                              earlier_attempts=earlier, report=report,
                              left_running=outcome.left_running)
+    failures = across_nodes(failures, outcome.nodes)
     if not failures:
         return None
     return LaunchError(_summary(outcome, failures), failures, earlier_attempts=earlier,
-                       report=report, left_running=outcome.left_running)
+                       report=_told(report, failures), left_running=outcome.left_running)
+
+
+def across_nodes(failures: list[ProcessFailure], nodes: NodeFacts | None) -> list[ProcessFailure]:
+    """This node's failures, each marked with its node, and what the other nodes told it: their
+    failures in their own right after this node's own, before its secondary ones. So the root
+    cause is this node's own failure when it has one, else the failure another node told. A
+    node whose ranks all finished succeeded, whatever another node said of its own."""
+    if nodes is None or not failures:
+        return failures
+    here = [dataclasses.replace(f, node=nodes.node, host=nodes.host) for f in failures]
+    there = sorted((f for f in nodes.elsewhere if not f.secondary), key=_precedence)
+    there += [failure for node in nodes.unheard for failure in _unheard(node)]
+    return [*(f for f in here if not f.secondary), *there, *(f for f in here if f.secondary)]
+
+
+def _unheard(node: Unheard) -> list[ProcessFailure]:
+    """The ranks of a node that went silent, each a failure in its own right."""
+    if node.store:
+        why = (f"no sign of life for {node.seconds:.0f} s: the rendezvous store at {node.store} "
+               "stopped answering this machine, so every other node went silent at once (this "
+               "machine cut off from the others, or the store's host down)")
+    else:
+        why = (f"no sign of life through the rendezvous store for {node.seconds:.0f} s, and it "
+               "never said it ended (its network cut off, or its machine or launcher gone)")
+    return [ProcessFailure(rank=rank, message=why, cause=Cause.UNREACHABLE, node=node.node,
+                           host=node.host) for rank in node.ranks]
+
+
+def _only_here(nodes: NodeFacts | None) -> NodeFacts | None:
+    return None if nodes is None else NodeFacts(nodes.node, nodes.host)
+
+
+def node_failure(rank_exit: RankExit) -> ProcessFailure | None:
+    """What a node tells the others about one of its ranks that ended in failure before any
+    stop: the rank judged from its own facts, as `failures_of` would."""
+    cause = classify(rank_exit, False)
+    return None if cause is None else _failure(rank_exit, cause)
+
+
+def cause_elsewhere(exits: Sequence[RankExit], world_size: int) -> bool:
+    """Whether this node's ranks failed only as a consequence (stopped, or lost a peer): the
+    cause is on another node, and its word is worth a short wait."""
+    failures = failures_of(exits, False, world_size)
+    return bool(failures) and all(failure.secondary for failure in failures)
+
+
+def lead_line(failure: ProcessFailure, ranks: Sequence[int] = ()) -> str:
+    """``rank 3 on node 1 (host h2) raised RuntimeError: its message's first line``."""
+    text = f"{rank_ranges(ranks or [failure.rank])}{failure.place()} {_verb(failure)}"
+    first = failure.message.strip().splitlines()[0] if failure.message.strip() else ""
+    if failure.exc_type and first:
+        text += f": {first[:200]}{'...' if len(first) > 200 else ''}"
+    return text
+
+
+def restarting(error: LaunchError, number: int, attempts: int) -> str:
+    """The line every node says when it restarts: the attempt, and the failure that ended the
+    last one, wherever it happened."""
+    lead = error.root_cause
+    why = lead_line(lead) if lead is not None else error.summary
+    return f"restarting (attempt {number} of {attempts}) after {why}"
+
+
+def _told(report: LaunchReport | None, failures: list[ProcessFailure]) -> LaunchReport | None:
+    lead = root_cause(failures) or (failures[0] if failures else None)
+    if report is None or lead is None:
+        return report
+    return dataclasses.replace(report, root_cause=lead_line(lead))
 
 
 def _summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:
     lead = root_cause(failures) or failures[0]
-    text = f"the launch failed: {rank_ranges([lead.rank])} {_verb(lead)}"
-    others = len({f.rank for f in failures}) - 1
+    ranks = [lead.rank]
+    if lead.cause == Cause.UNREACHABLE:  # a node: all its ranks
+        ranks = [f.rank for f in failures if f.cause == lead.cause and f.node == lead.node]
+    text = f"the launch failed: {rank_ranges(ranks)}{lead.place()} {_verb(lead)}"
+    others = len({(f.node, f.rank) for f in failures}) - len(ranks)
     if others:
         text += f"; {others} other rank{'s' if others > 1 else ''} of {outcome.world_size} failed"
     return text
 
 
 def _verb(failure: ProcessFailure) -> str:
+    if failure.cause == Cause.UNREACHABLE:
+        return "gave no sign of life through the rendezvous store"
     if failure.cause == Cause.DIED and failure.message.startswith(SENDING):
         return f"{failure.exit_cause} {SENDING}"
     if failure.cause == Cause.DIED:

@@ -74,10 +74,15 @@ class LaunchReport:
     ranks: tuple[RankReport, ...] = ()
     warnings: tuple[str, ...] = ()
     memory_total: int | None = None  # this machine's memory (the memory bars' scale)
+    # A failed launch: what its error leads with (rank, node and host, exception), wherever the
+    # failure happened: another machine's when this one's ranks were only stopped for it
+    root_cause: str | None = None
 
     def __str__(self) -> str:
         lines = [f"xlaunch report: {self.path} launch, {len(self.ranks)} rank(s) reported, "
                  f"{self.wall_seconds:.2f} s"]
+        if self.root_cause:
+            lines.append(f"root cause: {self.root_cause}")
         lines += [f"  {_rank_line(rank)}" for rank in self.ranks]
         lines += [f"warning: {text}" for text in self.warnings]
         return "\n".join(lines)
@@ -274,6 +279,9 @@ def render(report: LaunchReport) -> str:
     title = (f"xlaunch report: {escape(report.path)} launch, {len(report.ranks)} rank(s) "
              f"reported, {report.wall_seconds:.2f} s")
     parts = [f'<div class="xlaunch-report"><div><b>{title}</b></div>']
+    if report.root_cause:
+        parts.append(f'<div class="xlaunch-root-cause" style="{WARNING_STYLE}"><b>root cause'
+                     f"</b>: {escape(report.root_cause)}</div>")
     parts += [f'<div class="xlaunch-warning" style="{WARNING_STYLE}"><b>warning</b>: '
               f"{escape(text)}</div>" for text in report.warnings]
     if report.memory_total:

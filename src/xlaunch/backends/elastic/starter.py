@@ -21,7 +21,7 @@ from xlaunch.backends.exits import AttemptFiles, dist_exits
 from xlaunch.backends.processes import LaunchStopped, ProcessEnd, ProcessSet
 from xlaunch.backends.supervise import Attempt
 from xlaunch.plan.specs import ElasticSpec
-from xlaunch.result.outcome import RankExit
+from xlaunch.result.outcome import NodeFacts, Outcome, RankExit
 from xlaunch.worker.launch_dir import GROUP_STORE, Mark, noted, private_file
 
 
@@ -29,8 +29,9 @@ class Nodes(Protocol):
     """The other machines of a job, as an attempt needs them (`rendezvous.NodeRendezvous`)."""
 
     def meet(self, attempt: int) -> World: ...
-    def report_failure(self, attempt: int) -> None: ...
+    def report_failure(self, attempt: int, rank_exit: RankExit) -> None: ...
     def failed_elsewhere(self, attempt: int) -> str | None: ...
+    def after(self, attempt: int, exits: Sequence[RankExit], timed_out: bool) -> NodeFacts: ...
 
 
 class DistStarter:
@@ -72,8 +73,9 @@ class DistStarter:
                 pending.remove(process)
                 rank = world.rank_offset + local_rank[process]
                 if self._failed(attempt, owner.exitcode(process), rank) and not owner.stopped():
-                    if self.nodes is not None:
-                        self.nodes.report_failure(attempt.number)
+                    if self.nodes is not None:  # which rank, and how: the others lead with it
+                        self.nodes.report_failure(attempt.number,
+                                                  attempt.exits()[local_rank[process]])
                     owner.stop()  # this rank failed: its peers go too, as under torchrun
             elsewhere = self.nodes.failed_elsewhere(attempt.number) if self.nodes else None
             if elsewhere is not None and pending and not owner.stopped():
@@ -93,3 +95,11 @@ class DistStarter:
     def exits(self, attempt: Attempt, ends: Sequence[ProcessEnd],
               files: AttemptFiles) -> tuple[RankExit, ...]:
         return dist_exits(ends, files, self.world.rank_offset if self.world is not None else 0)
+
+    def outcome(self, attempt: Attempt, outcome: Outcome) -> Outcome:
+        """With several machines: what the other nodes told this one (their failures, their
+        silence), for the judge to lead with the first failure wherever it happened."""
+        if self.nodes is None:
+            return outcome
+        return dataclasses.replace(outcome, nodes=self.nodes.after(attempt.number, outcome.exits,
+                                                                   outcome.timed_out))

@@ -25,7 +25,7 @@ from xlaunch.backends.xla import leader, pool
 from xlaunch.backends.xla.replica import ReplicaJob
 from xlaunch.backends.xla.tail import Tail
 from xlaunch.plan.specs import XlaSpec
-from xlaunch.result.outcome import RankExit
+from xlaunch.result.outcome import Outcome, RankExit
 from xlaunch.worker.launch_dir import failed_any
 
 # After a replica fails, its peers get this long to end on their own before they are stopped:
@@ -74,3 +74,6 @@ class XlaStarter:
         if self.leader is not None and self.spec.nprocs != 1:  # the leader ran no replica
             ends = [end for end in ends if end.pid != self.leader.pid]
         return xla_exits(ends, files, self.world_size, tails)
+
+    def outcome(self, attempt: Attempt, outcome: Outcome) -> Outcome:
+        return outcome
