@@ -169,9 +169,9 @@ class LaunchDir:
         return self.attempt_path(max(numbers)) if numbers else None
 
     def attempt_dir(self, attempt: int) -> Path:
+        """The attempt's folder, made (by the caller, before any of its workers starts)."""
         folder = self.attempt_path(attempt)
-        with contextlib.suppress(FileExistsError):  # made by the caller or a peer: the launch's
-            private_dir(folder)
+        private_dir(folder)
         return folder
 
     @property

@@ -68,7 +68,7 @@ class Worker:
                  world_size: int) -> None:
         process_tree.join(setup.tree)
         launch_dir = self.launch_dir = LaunchDir(setup.launch_dir)
-        self.folder = launch_dir.attempt_dir(attempt)
+        self.folder = launch_dir.attempt_path(attempt)  # made by the caller
         self.rank = rank
         self.cancelled = launch_dir.cancel_marker.exists()
         # Before the pid is written: the owner asks for stacks only of a rank whose pid it has

@@ -53,7 +53,7 @@ def run(spec: XlaSpec, job: replica.ReplicaJob, owner: ProcessSet, tail: Tail) -
 
 def lead(spec: XlaSpec, job: replica.ReplicaJob, stderr_fd: int) -> None:
     """The leader's whole life: set up, spawn the replicas, say what failed before they ran."""
-    folder = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
+    folder = LaunchDir(job.setup.launch_dir).attempt_path(job.attempt)
     try:
         process_tree.join(job.setup.tree)
         os.dup2(stderr_fd, 2)

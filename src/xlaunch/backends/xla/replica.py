@@ -137,7 +137,7 @@ def prepare_forked_process() -> None:
 def begin_process(job: ReplicaJob) -> None:
     """Once per replica process: its record that it began, the tree, its environment (before
     torch_xla's runtime starts in it, which reads some of it)."""
-    folder = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
+    folder = LaunchDir(job.setup.launch_dir).attempt_path(job.attempt)
     note(folder, Mark.BEGAN, os.getpid())
     process_tree.join(job.setup.tree)
     apply(worker_environment(job.setup.launch_env, attempt=job.attempt, pid=os.getpid(),
@@ -145,7 +145,7 @@ def begin_process(job: ReplicaJob) -> None:
 
 
 def _terminated(job: ReplicaJob) -> Callable[[int], None]:
-    folder = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
+    folder = LaunchDir(job.setup.launch_dir).attempt_path(job.attempt)
     return lambda signum: note(folder, Mark.TERMINATED, os.getpid())
 
 
@@ -168,7 +168,7 @@ def _prepare_process(job: ReplicaJob) -> None:
         # A crash (SIGSEGV, SIGABRT...) leaves its Python stack in a file of its process: its
         # status goes to torch_xla's pool, so this is how the launch learns which signal it was.
         global _CRASH_FILE
-        folder = LaunchDir(job.setup.launch_dir).attempt_dir(job.attempt)
+        folder = LaunchDir(job.setup.launch_dir).attempt_path(job.attempt)
         _CRASH_FILE = open(private_file(folder / CRASH.format(os.getpid())), "w")
         faulthandler.enable(file=_CRASH_FILE, all_threads=False)
         if job.compile_cache is not None:
