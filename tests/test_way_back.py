@@ -332,3 +332,30 @@ def test_a_kept_failure_text_is_bounded(tmp_path: Path, monkeypatch: pytest.Monk
     assert len(texts) == launch_dir.KEPT_TEXTS  # the newest only
     assert all(t.stat().st_size < launch_dir.KEPT_TEXT_BYTES + 100 for t in texts)
     assert all(stat.S_IMODE(t.stat().st_mode) == 0o600 for t in texts)
+
+
+def test_the_output_lock_is_made_with_the_launch_folder_and_workers_only_open_it(
+        tmp_path: Path) -> None:
+    import io
+
+    from xlaunch.worker.launch_dir import OUTPUT_LOCK, LaunchDir
+    from xlaunch.worker.output import PrefixedStream
+
+    umask = os.umask(0)  # whatever the user's umask
+    try:
+        launch = LaunchDir.create()
+    finally:
+        os.umask(umask)
+    try:
+        lock = Path(launch.folder) / OUTPUT_LOCK
+        info = lock.lstat()  # there before any worker: made exclusively, 0600, with the folder
+        assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600
+        out = io.StringIO()
+        PrefixedStream(out, "[rank 0] ", str(lock)).write("under the lock\n")
+        assert out.getvalue() == "[rank 0] under the lock\n"
+    finally:
+        launch.remove()
+    absent = tmp_path / OUTPUT_LOCK  # a worker never creates it: without it, lines go unlocked
+    out = io.StringIO()
+    PrefixedStream(out, "[rank 1] ", str(absent)).write("no lock\n")
+    assert out.getvalue() == "[rank 1] no lock\n" and not absent.exists()

@@ -42,7 +42,8 @@ STACKS_WAIT_S = 2.0  # at a timeout: the longest the asked workers' stacks are w
 # --- the protocol: every name in a launch's folders, here and nowhere else ---------------------
 # In the launch's folder:
 CANCELLED = "launch.cancelled"  # the launch was stopped: a worker that starts now runs nothing
-OUTPUT_LOCK = "output.lock"  # each rank's prefixed stream writes a line under its lock
+OUTPUT_LOCK = "output.lock"  # each rank's prefixed stream writes a line under its lock (made
+# with the folder; workers only open it)
 XLA_DEBUG = "xla-debug"  # torch_xla's compilation analysis, a file per process (".<pid>")
 ATTEMPT = "attempt-{}"  # a folder per attempt, holding what its workers left:
 PID = "pid-{}"  # by rank: "<pid> <local rank>", written before the rank runs anything
@@ -135,6 +136,8 @@ class LaunchDir:
                 continue
             except OSError:  # no shared memory here (or not ours to write): values go to disk
                 pass
+            # Made here, with the folder: workers open it, never create it (`output`).
+            os.close(private_file(temp / name / OUTPUT_LOCK))
             return cls(str(temp / name))
         raise FileExistsError(errno.EEXIST, f"no free name for a launch folder in {temp} after "
                               f"{_NAME_TRIES} tries")

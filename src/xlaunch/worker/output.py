@@ -18,6 +18,9 @@ LiveLine = Callable[[str, "int | None"], int]
 Lines = Callable[[list[tuple[str, str]]], None]
 
 LINE_ENDS = ("\n", "\r")
+# The lock file is the launch's, made with its folder (`launch_dir.LaunchDir.create`): a worker
+# opens it, never creates it, never through a symlink.
+_OPEN_LOCK = os.O_RDWR | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 _AFTER_LINE_END = re.compile(r"(?<=[\r\n])")
 
 
@@ -29,10 +32,10 @@ class PrefixedStream(io.TextIOBase):
     without a newline costs a million appends, not a million copies of a growing string.
 
     A pipe keeps a write whole only up to 4 KiB (PIPE_BUF): a longer line from one rank could be
-    cut by another's. With ``lock_path`` (a file every rank of the launch shares) each write holds
-    an advisory lock on it, so lines of any length arrive whole. It is a full text stream:
-    ``buffer`` (bytes, decoded and prefixed alike), ``reconfigure``, ``name``, ``line_buffering``…
-    come from the stream it wraps.
+    cut by another's. With ``lock_path`` (a file every rank of the launch shares, which the caller
+    made) each write holds an advisory lock on it, so lines of any length arrive whole. It is a
+    full text stream: ``buffer`` (bytes, decoded and prefixed alike), ``reconfigure``, ``name``,
+    ``line_buffering``… come from the stream it wraps.
 
     With ``live`` (a worker of a Jupyter kernel) a line redrawn with carriage returns (a text
     progress bar) does not go to the stream, where another rank's redraws would overwrite it:
@@ -157,8 +160,7 @@ class PrefixedStream(io.TextIOBase):
         if self._lock_pid != os.getpid():  # each process its own open file: flock is per open
             self._lock_pid = os.getpid()
             try:
-                self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                        0o600)
+                self._lock_fd = os.open(self._lock_path, _OPEN_LOCK)
             except OSError:  # the launch's folder is gone: write without it
                 self._lock_fd = None
         return self._lock_fd
