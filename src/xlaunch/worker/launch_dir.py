@@ -54,6 +54,8 @@ CRASH = "crash-{}"  # by pid: an XLA process's dump at a fatal signal
 REPORT = "report-{}.json"  # by rank: its `RankReport`
 LEADER_FAILURE = "leader.json"  # what failed in the XLA launch leader before any replica ran
 GROUP_STORE = "group-store"  # the FileStore a one-machine group meets through (made private first)
+SCRIPT_GROUP_STORE = "script-group-{}"  # by call: the FileStore a script's own group meets
+# through (`worker.script`: its ``init_process_group``), made private first by one of its ranks
 RESULT = "value.record"  # local rank 0's value: its record, committed last (worker/value.py)
 VALUE = "{}-value-{}"  # by attempt and index: each large buffer of that value (in the attempt's
 # folder, or in the launch's folder in shared memory)
