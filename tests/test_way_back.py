@@ -166,24 +166,35 @@ def test_a_launch_folder_of_another_user_is_never_used_for_a_value(tmp_path: Pat
     shutil.rmtree(theirs, ignore_errors=True)
 
 
-# Rank 0 kills itself (SIGKILL, as the out-of-memory killer would) at a random moment around its
-# return of a 192 MiB tensor: before, while, or after its value is sent.
+# Rank 0 kills itself (SIGKILL, as the out-of-memory killer would) at a random moment once it has
+# begun to send its 192 MiB tensor back (its "sending" mark written): while its bytes are written,
+# or just after its value is whole.
 KILLED_WHILE_SENDING = """
-    import json, os, random, signal, threading, torch, xlaunch
+    import json, os, random, signal, threading, time, torch, xlaunch
+    from pathlib import Path
+    from xlaunch.names import STORE_DIR_VAR
+    from xlaunch.worker.launch_dir import Mark
     def work(delay):
         big = torch.arange(48 * 2**20, dtype=torch.float32)
         if xlaunch.ProcessState().process_index == 0:
-            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            began = Path(os.environ[STORE_DIR_VAR], f"{Mark.SENDING}-0")  # the attempt's folder
+            def kill_while_sending():
+                while not began.exists():
+                    time.sleep(0.001)
+                time.sleep(delay)
+                os.kill(os.getpid(), signal.SIGKILL)
+            threading.Thread(target=kill_while_sending, daemon=True).start()
         return big
     random.seed(7)
     outcomes = []
     for run in range(20):
         try:
-            value = xlaunch.notebook_launcher(work, args=(random.uniform(0.0, 0.4),),
+            value = xlaunch.notebook_launcher(work, args=(random.uniform(0.0, 0.05),),
                                               num_processes=2)
         except xlaunch.LaunchError as error:
-            cause = error.root_cause
-            outcomes.append(["error", cause.rank, cause.exitcode, "while sending" in str(error)])
+            cause, text = error.root_cause, str(error)
+            outcomes.append(["error", cause.rank, cause.exitcode, "while sending" in text,
+                             "its function returned, then" in text])
         else:
             whole = value is not None and torch.equal(value, torch.arange(48 * 2**20, dtype=torch.float32))
             outcomes.append(["value", whole])
@@ -201,8 +212,13 @@ def test_a_rank_killed_while_sending_its_result_is_the_root_cause_never_none(
     for outcome in outcomes:
         if outcome[0] == "value":
             assert outcome[1], outcomes  # whole: never None, never part of it
-        else:  # rank 0 by the signal that killed it, never its peer that was stopped
-            assert outcome[1:3] == [0, -signal.SIGKILL], outcomes
+            continue
+        # rank 0 by the signal that killed it, never its peer that was stopped ...
+        assert outcome[1:3] == [0, -signal.SIGKILL], outcomes
+        # ... and said to have died while sending, unless its value was whole by then
+        assert outcome[3] != outcome[4], outcomes
+    while_sending = [outcome for outcome in outcomes if outcome[0] == "error" and outcome[3]]
+    assert len(while_sending) >= 5, outcomes  # the kills did land while the bytes were written
 
 
 # A shared memory that fills up while the value's bytes are written (the room check passed): the
