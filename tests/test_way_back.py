@@ -107,39 +107,96 @@ def test_nothing_a_launch_keeps_is_readable_by_another_user_at_any_moment(
         assert (facts["kept_mode"], facts["folder_mode"]) == ("0o600", "0o700")
 
 
-# During the launch another user (nobody) tries to read the value's bytes, to write into the
-# launch's folders, and to list them; all three are refused.
+# Another user (nobody) against one launch, step by step (the ranks wait for each step):
+# - as soon as the launch's folder in /dev/shm exists: plant a file 0666 where rank 0's value will
+#   go (the original exploit: the caller would then map the planted file);
+# - once rank 0's value file is there: list the folder, read, replace the value, plant another,
+#   redirect one through a symlink;
+# - after notebook_launcher returned: write zeros where the value was (its folder made anew by
+#   nobody), reach the caller's mapping through /proc; the caller's tensor stays as returned.
+# Each refusal must be a permission error: a "No such file" would mean the attempt missed.
 SECOND_USER = """
-    import json, os, subprocess, time, torch, xlaunch
-    def attempts():
-        shm = [f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith(f"xlaunch-{os.getpid()}-")]
-        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-        tries = {}
-        for what, command in (("list", ["ls", shm[0]]), ("read", ["cat", f"{shm[0]}/attempt-0-value-0"]),
-                              ("plant", ["sh", "-c", f"echo x > {shm[0]}/attempt-0-value-9"])):
-            tries[what] = subprocess.run(as_nobody + command, capture_output=True).returncode
-        return tries
-    import threading
-    tries = {}
-    def work():
-        if xlaunch.ProcessState().process_index == 1:
-            time.sleep(1.5)
+    import json, os, shutil, sys, tempfile, threading, time, torch, xlaunch
+    from pathlib import Path
+    steps = Path(sys.argv[1])
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    def nobody(*command):
+        # posix_spawn, what it says to a file: no pipe (subprocess's own included) that a worker
+        # the launch forks meanwhile would hold open, and wait on, would hold this thread up.
+        with tempfile.TemporaryFile("w+") as said:
+            actions = [(os.POSIX_SPAWN_DUP2, said.fileno(), 1), (os.POSIX_SPAWN_DUP2, said.fileno(), 2)]
+            pid = os.posix_spawnp(as_nobody[0], as_nobody + list(command), os.environ,
+                                  file_actions=actions)
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            said.seek(0)
+            return [code, said.read().strip()]
+    def wait_for(found, what, limit=150.0):
+        deadline = time.monotonic() + limit
+        while not found():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} never came")
+            time.sleep(0.005)
+        return found()
+    def shm_folder():
+        mine = [n for n in os.listdir("/dev/shm") if n.startswith(f"xlaunch-{os.getpid()}-")]
+        return f"/dev/shm/{mine[0]}" if mine else None
+    facts = {}
+    def against_the_launch():
+        shm = wait_for(shm_folder, "the launch's folder in /dev/shm")
+        value = f"{shm}/attempt-0-value-0"
+        facts["folder"] = shm
+        facts["before"] = {"plant": nobody("sh", "-c", f"umask 0; echo x > {value}")}
+        (steps / "planted").touch()  # rank 0 may return now
+        facts["value_file"] = wait_for(lambda: os.path.exists(value), "rank 0's value file")
+        facts["during"] = {
+            "list": nobody("ls", shm), "read": nobody("cat", value),
+            "replace": nobody("sh", "-c", f"echo x > {value}"),
+            "plant": nobody("sh", "-c", f"echo x > {shm}/attempt-0-value-9"),
+            "redirect": nobody("ln", "-s", "/etc/passwd", f"{shm}/attempt-0-value-8")}
+        (steps / "tried").touch()  # rank 1 may return now: the launch ends
+    def work(steps):
+        rank = xlaunch.ProcessState().process_index
+        step = steps / ("planted" if rank == 0 else "tried")
+        wait_for(step.exists, step.name)
         return torch.full((2**20,), 3.0)
-    def watch():
-        time.sleep(0.9)
-        tries.update(attempts())
-    threading.Thread(target=watch).start()
-    value = xlaunch.notebook_launcher(work, num_processes=2)
-    print(json.dumps({"tries": tries, "value": float(value.sum())}))
+    watcher = threading.Thread(target=against_the_launch)
+    watcher.start()
+    t = xlaunch.notebook_launcher(work, args=(steps,), num_processes=2)
+    watcher.join()
+    shm, pid = facts["folder"], os.getpid()
+    facts["after"] = {
+        "rewrite": nobody("sh", "-c", f"mkdir -p {shm} && head -c {4 * 2**20} /dev/zero > "
+                                      f"{shm}/attempt-0-value-0"),
+        "maps": nobody("ls", f"/proc/{pid}/map_files"),
+        "memory": nobody("sh", "-c", f"head -c 4096 /dev/zero > /proc/{pid}/mem")}
+    shutil.rmtree(shm, ignore_errors=True)  # nobody's folder: the caller removes it
+    facts["first"] = float(t[0])
+    facts["whole"] = bool(torch.equal(t, torch.full((2**20,), 3.0)))
+    print(json.dumps(facts))
 """
 
 
 @pytest.mark.skipif(not (ROOT and LINUX and shutil.which("setpriv")),
                     reason="needs root to act as a second user (CI runs as root)")
-def test_a_second_user_cannot_read_replace_or_plant_a_returned_value(tmp_path: Path) -> None:
-    facts = last_json(run_script(tmp_path, SECOND_USER))
-    assert facts["value"] == 3.0 * 2**20
-    assert facts["tries"] and all(code != 0 for code in facts["tries"].values()), facts["tries"]
+def test_a_second_user_cannot_read_replace_or_redirect_a_returned_value(tmp_path: Path) -> None:
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(SECOND_USER))
+    facts = last_json(subprocess.run(
+        [sys.executable, str(script), str(steps)], capture_output=True, text=True, timeout=240,
+        env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu"}))
+    assert facts["value_file"], facts  # the value's file was there while nobody tried
+    refused = {**{f"before {k}": v for k, v in facts["before"].items()},
+               **{f"during {k}": v for k, v in facts["during"].items()},
+               "after maps": facts["after"]["maps"], "after memory": facts["after"]["memory"]}
+    for what, (code, said) in refused.items():  # refused for want of permission, not missed
+        assert code != 0 and "Permission denied" in said, (what, said)
+        assert "No such file" not in said, (what, said)
+    # The original exploit: whatever nobody writes where the value was, after the launch
+    # returned, the caller's tensor is what the function returned.
+    assert facts["after"]["rewrite"][0] == 0, facts["after"]  # written: to a file of its own
+    assert facts["first"] == 3.0 and facts["whole"], facts
 
 
 def test_a_launch_folder_of_another_user_is_never_used_for_a_value(tmp_path: Path) -> None:
