@@ -37,9 +37,12 @@ def last_json(result: subprocess.CompletedProcess[str]) -> dict:  # type: ignore
     return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-# A watcher thread lists every path under the launch's folders (in the temporary directory and
-# in /dev/shm) as often as it can while the launch runs, under a umask that would make files
-# world-writable; rank 1 waits so that rank 0's value is there to be seen.
+# A watcher thread lists every path under the temporary directory and /dev/shm, whatever its name,
+# as often as it can while the launch runs, under a umask that would make files world-writable;
+# both are listed before and after too. Rank 1 waits so that rank 0's value is there to be seen.
+# As root (CI) the launch runs in a private mount namespace with a /dev/shm of its own and a
+# temporary directory of its own, so every entry that appears is the launch's; elsewhere /dev/shm
+# is shared with the machine's other processes, and only the launch's names are watched there.
 WATCHED = """
     import json, os, stat, sys, tempfile, threading, time
     import torch, xlaunch
@@ -47,16 +50,28 @@ WATCHED = """
     seen, stop = {}, threading.Event()
     roots = [tempfile.gettempdir(), "/dev/shm"]
     prefix = f"xlaunch-{os.getpid()}-"
+    every_name = sys.argv[-1] == "every-name"  # /dev/shm is this launch's alone
+    def tops(root):
+        names = os.listdir(root)
+        if root == "/dev/shm" and not every_name:
+            names = [n for n in names if n.startswith(prefix)]
+        return [os.path.join(root, n) for n in names]
+    def listed():
+        found = {}
+        for root in roots:
+            for top in tops(root):
+                found[top] = None
+                for folder, dirs, files in os.walk(top):
+                    for name in [folder] + [os.path.join(folder, f) for f in dirs + files]:
+                        found[name] = None
+        return found
     def watch():
         while not stop.is_set():
-            for root in roots:
-                for top in [os.path.join(root, n) for n in os.listdir(root) if n.startswith(prefix)]:
-                    for folder, dirs, files in os.walk(top):
-                        for name in [folder] + [os.path.join(folder, f) for f in files]:
-                            try:
-                                seen[name] = os.lstat(name).st_mode
-                            except OSError:
-                                pass
+            for name in listed():
+                try:
+                    seen[name] = os.lstat(name).st_mode
+                except OSError:
+                    pass
     def work(fail):
         rank = xlaunch.ProcessState().process_index
         if rank == 1:
@@ -64,9 +79,10 @@ WATCHED = """
             if fail:
                 raise ValueError("x" * 20_000)  # cut in the error: its whole text is kept
         return torch.ones(4 * 2**20)  # 16 MiB: its bytes go to a file of their own
+    before = listed()
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    fail = sys.argv[-1] == "fail"
+    fail = sys.argv[-2] == "fail"
     kept = None
     try:
         value = xlaunch.notebook_launcher(work, args=(fail,), num_processes=2)
@@ -75,12 +91,14 @@ WATCHED = """
         kept = error.root_cause.full_text
     stop.set()
     watcher.join()
-    left = [n for root in roots for n in os.listdir(root) if n.startswith(prefix)]
+    left = [name for name in listed() if name not in before]
     kept_mode = oct(os.stat(kept).st_mode & 0o777) if kept else None
     folder_mode = oct(os.stat(os.path.dirname(kept)).st_mode & 0o777) if kept else None
-    print(json.dumps({"seen": {n: m for n, m in seen.items()}, "left": left, "kept": kept,
-                      "kept_mode": kept_mode, "folder_mode": folder_mode}))
+    print(json.dumps({"seen": {n: m for n, m in seen.items() if n not in before}, "left": left,
+                      "kept": kept, "kept_mode": kept_mode, "folder_mode": folder_mode,
+                      "temp": tempfile.gettempdir()}))
 """
+PRIVATE_NAMESPACE = ROOT and LINUX and shutil.which("unshare") is not None
 
 
 @pytest.mark.skipif(not LINUX, reason="/dev/shm and /proc are Linux's")
@@ -89,19 +107,26 @@ def test_nothing_a_launch_keeps_is_readable_by_another_user_at_any_moment(
         tmp_path: Path, how: str) -> None:
     script = tmp_path / "watched.py"
     script.write_text(textwrap.dedent(WATCHED))
-    cache = tmp_path / "cache"
-    result = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True,
-                            timeout=180, env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu",
-                                              "XDG_CACHE_HOME": str(cache)})
+    cache, temp = tmp_path / "cache", tmp_path / "temp"
+    temp.mkdir()
+    command = [sys.executable, str(script), how, "launch-names"]
+    if PRIVATE_NAMESPACE:  # a /dev/shm of its own: every name in it is watched
+        command = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                   'mount -t tmpfs -o size=512m tmpfs /dev/shm && exec "$@"', "sh",
+                   *command[:-1], "every-name"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180,
+                            env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu",
+                                 "XDG_CACHE_HOME": str(cache), "TMPDIR": str(temp)})
     facts = last_json(result)
+    assert facts["temp"] == str(temp)
     seen = facts["seen"]
     assert any("/dev/shm/" in name and name.endswith("attempt-0-value-0") for name in seen) or how == "fail"
     assert any(Path(name).name.startswith("pid-") for name in seen)
-    for name, mode in seen.items():
+    for name, mode in seen.items():  # whatever its name, nothing others can read
         wanted = 0o700 if stat.S_ISDIR(mode) else 0o600
         assert stat.S_ISDIR(mode) or stat.S_ISREG(mode), name
         assert mode & 0o777 == wanted, f"{name}: {oct(mode & 0o777)}"
-    assert facts["left"] == []  # and nothing after
+    assert facts["left"] == [], facts["left"]  # and nothing new after
     if how == "fail":  # the whole text of the cut failure: in the user's cache, 0600 in 0700
         assert facts["kept"].startswith(str(cache)), facts["kept"]
         assert (facts["kept_mode"], facts["folder_mode"]) == ("0o600", "0o700")
