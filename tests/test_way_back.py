@@ -305,17 +305,26 @@ def test_a_rank_killed_while_sending_its_result_is_the_root_cause_never_none(
 
 # A shared memory that fills up while the value's bytes are written (the room check passed): the
 # bytes go to the launch's folder on disk; both full is an error naming the full file systems.
-# In a private mount namespace: /dev/shm and the temporary directory are small tmpfs of its own.
+# In a private mount namespace: /dev/shm and the temporary directory are tmpfs of its own.
+# - "direct": write_value itself, its room check told to say yes, against a 4 MiB /dev/shm;
+# - "checked": a launch whose 16 MiB value does not pass the room check of a 4 MiB /dev/shm;
+# - "launch": a launch whose 256 MiB value passes the room check of a 600 MiB /dev/shm, which
+#   the caller shrinks (a remount) once rank 0's first buffer is there: the writes after it meet
+#   ENOSPC, as when another program fills /dev/shm meanwhile.
 FULL = """
-    import json, os, sys, tempfile, torch, xlaunch
+    import ctypes, json, os, sys, tempfile, threading, time, torch, xlaunch
     from pathlib import Path
     from xlaunch.worker import value as value_module
     from xlaunch.worker.launch_dir import LaunchDir
+    libc = ctypes.CDLL(None, use_errno=True)
+    def shm_size(size):  # mount -o remount,size=... /dev/shm
+        return libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 32, f"size={size}".encode()) == 0
+    facts = {}
+    assert shm_size(4 * 2**20)
     big = torch.arange(4 * 2**20, dtype=torch.float32)  # 16 MiB, /dev/shm holds 4
     value_module.ROOM_TO_SPARE = -2**40  # the room check says yes: the write itself meets ENOSPC
     launch = LaunchDir.create()
     attempt = launch.attempt_dir(0)
-    facts = {}
     try:
         value_module.write_value(launch, attempt, {"t": big})
         shm_left = os.listdir(launch.shared)
@@ -325,18 +334,50 @@ FULL = """
         facts["direct"] = ["error", type(error).__name__, str(error)]
     launch.remove()
     value_module.ROOM_TO_SPARE = 256 * 2**20
-    try:
-        back = xlaunch.notebook_launcher(lambda: big, num_processes=2)
-        facts["launch"] = ["value", torch.equal(back, big)]
-    except xlaunch.LaunchError as error:
-        facts["launch"] = ["error", error.root_cause.rank, error.root_cause.exc_type, str(error)]
+    def launched(facts_key, value, equal):
+        try:
+            back = xlaunch.notebook_launcher(lambda: value, num_processes=2)
+            facts[facts_key] = ["value", equal(back)]
+        except xlaunch.LaunchError as error:
+            facts[facts_key] = ["error", error.root_cause.rank, error.root_cause.exc_type,
+                                str(error)]
+    launched("checked", big, lambda back: torch.equal(back, big))
+    assert shm_size(600 * 2**20)
+    many = [torch.full((2**18,), float(i)) for i in range(256)]  # 256 buffers of 1 MiB
+    seen = {"on disk": set()}
+    def shrink_when_written():
+        mine = f"xlaunch-{os.getpid()}-"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "remounted" not in seen:
+            for name in [n for n in os.listdir("/dev/shm") if n.startswith(mine)]:
+                if os.path.exists(f"/dev/shm/{name}/attempt-0-value-0"):
+                    for _ in range(1000):  # below what is used already, a remount is refused
+                        room = os.statvfs("/dev/shm")
+                        used = (room.f_blocks - room.f_bfree) * room.f_frsize
+                        if shm_size(used + 4 * 2**20):
+                            seen["remounted"] = used
+                            break
+            time.sleep(0.0005)
+        while time.monotonic() < deadline and not done.is_set():  # where the rest went
+            for folder, _, files in os.walk(tempfile.gettempdir()):
+                seen["on disk"] |= {f for f in files if "-value-" in f}
+            time.sleep(0.001)
+    done = threading.Event()
+    watcher = threading.Thread(target=shrink_when_written)
+    watcher.start()
+    launched("launch", many, lambda back: all(torch.equal(a, b) for a, b in zip(back, many))
+             and len(back) == len(many))
+    done.set()
+    watcher.join()
+    facts["remounted"] = seen.get("remounted")
+    facts["on disk"] = len(seen["on disk"])
     print(json.dumps(facts))
 """
 
 
 @pytest.mark.skipif(not (ROOT and LINUX and shutil.which("unshare")),
                     reason="needs root for a private mount namespace (CI runs as root)")
-@pytest.mark.parametrize("disk", ["64m", "8m"])
+@pytest.mark.parametrize("disk", ["320m", "8m"])
 def test_a_full_shared_memory_falls_back_to_disk_or_names_the_full_file_systems(
         tmp_path: Path, disk: str) -> None:
     temp = tmp_path / "small-temp"
@@ -346,18 +387,24 @@ def test_a_full_shared_memory_falls_back_to_disk_or_names_the_full_file_systems(
               f"mount -t tmpfs -o size={disk} tmpfs {temp} && "
               f"exec {sys.executable} {tmp_path / 'script.py'}")
     result = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", mounts],
-                            capture_output=True, text=True, timeout=180,
+                            capture_output=True, text=True, timeout=300,
                             env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu", "TMPDIR": str(temp)})
     facts = last_json(result)
-    if disk == "64m":  # room on disk: the value arrives whole, nothing half-written stays
+    assert facts["remounted"], facts  # the room check passed: rank 0 wrote its first buffer
+    if disk != "8m":  # room on disk: the value arrives whole, nothing half-written stays
         assert facts["direct"] == [True, True, []], facts
+        assert facts["checked"] == ["value", True], facts
         assert facts["launch"] == ["value", True], facts
-    else:
-        kind, name, text = facts["direct"]
-        assert (kind, name) == ("error", "ValueNotSent"), facts
-        assert "/dev/shm" in text and str(temp) in text and "full" in text, text
-        assert facts["launch"][:3] == ["error", 0, "ValueNotSent"], facts
-        assert "full" in facts["launch"][3] and "TypeError" not in facts["launch"][3]
+        assert facts["on disk"] > 0, facts  # the buffers after the remount went to disk
+        return
+    kind, name, text = facts["direct"]
+    assert (kind, name) == ("error", "ValueNotSent"), facts
+    assert "/dev/shm" in text and str(temp) in text and "full" in text, text
+    for half in ("checked", "launch"):
+        assert facts[half][:3] == ["error", 0, "ValueNotSent"], facts
+        assert "full" in facts[half][3] and "TypeError" not in facts[half][3], facts
+        assert str(temp) in facts[half][3], facts
+    assert "/dev/shm" in facts["launch"][3], facts  # written there first, until it filled up
 
 
 # A notebook that keeps a thousand returned tensors (each large enough to be mapped) under a
