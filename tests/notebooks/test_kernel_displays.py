@@ -202,3 +202,41 @@ notebook_launcher(alike, num_processes=2)
     assert off.status == "ok", off.describe()
     for rank in (0, 1):
         assert f"[rank {rank}] epoch 1 done\n" in off.stdout, off.describe()
+
+
+def test_what_a_process_the_worker_forked_prints_reaches_the_cell_with_its_rank(kernel):
+    """A DataLoader worker is a process the rank forked: it has no way to the caller of its own
+    (the rank's socket is the rank's), so its lines go through the kernel's own stream, which
+    carries a forked process's text to the cell, prefixed with its rank's prefix."""
+    cell = kernel.run('''
+import os, sys
+from torch.utils.data import DataLoader, Dataset
+from xlaunch import ProcessState, notebook_launcher
+
+class Loud(Dataset):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        rank = ProcessState().process_index
+        print(f"loader of rank {rank} loads item {index} in {os.getpid()}")
+        print(f"loader of rank {rank} warns", file=sys.stderr)
+        return index
+
+def load():
+    print(f"rank {ProcessState().process_index} runs in {os.getpid()}")
+    return [int(item) for item in DataLoader(Loud(), num_workers=1)]
+
+notebook_launcher(load, num_processes=2)
+''')
+    assert cell.status == "ok", cell.describe()
+    for rank in (0, 1):
+        for index in (0, 1):
+            line = re.search(rf"^\[rank {rank}\] loader of rank {rank} loads item {index} in (\d+)$",
+                             cell.stdout, re.MULTILINE)
+            assert line, cell.describe()
+        worker = re.search(rf"^\[rank {rank}\] rank {rank} runs in (\d+)$", cell.stdout,
+                           re.MULTILINE)
+        assert worker and worker.group(1) != line.group(1), cell.describe()  # another process
+        assert f"[rank {rank}] loader of rank {rank} warns\n" in cell.stderr, cell.describe()
+    assert cell.results and "[0, 1]" in cell.results[0], cell.describe()
