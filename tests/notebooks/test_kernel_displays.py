@@ -240,3 +240,30 @@ notebook_launcher(load, num_processes=2)
         assert worker and worker.group(1) != line.group(1), cell.describe()  # another process
         assert f"[rank {rank}] loader of rank {rank} warns\n" in cell.stderr, cell.describe()
     assert cell.results and "[0, 1]" in cell.results[0], cell.describe()
+
+
+def test_a_message_the_relay_cannot_take_holds_no_worker_and_loses_no_line(kernel):
+    """Rank 0 sends its relay a piece of text that is not text (what a broken worker could
+    send): the relay goes on reading, both ranks print on (their sends would block on a relay
+    that stopped reading), every line reaches the cell and the launch ends."""
+    cell = kernel.run('''
+import sys, time
+from xlaunch import ProcessState, notebook_launcher
+
+def prints_after_a_bad_piece():
+    rank = ProcessState().process_index
+    if rank == 0:
+        sys.stdout._lines([("", 5)])  # the prefixed stream's way to the relay
+    time.sleep(1)  # the relay tries to show it first
+    for step in range(3000):
+        print(f"rank {rank} step {step} " + "x" * 60)
+    return "done"
+
+notebook_launcher(prints_after_a_bad_piece, num_processes=2, timeout=90)
+''')
+    assert cell.status == "ok", cell.describe()[-3000:]
+    for rank in (0, 1):
+        steps = re.findall(rf"\[rank {rank}\] rank {rank} step (\d+) x{{60}}$", cell.stdout,
+                           re.MULTILINE)  # the piece that was not text starts a line: "5[rank 0] ..."
+        assert [int(step) for step in steps] == list(range(3000)), len(steps)
+    assert cell.results == ["'done'"], cell.describe()[-3000:]
