@@ -276,6 +276,55 @@ class PrefixedBuffer(io.BufferedIOBase):
         return self._text.name
 
 
+class ThreadPrefixedStream(PrefixedStream):
+    """The streams of a process whose replicas are threads (TPU v2/v3, XLA's CPU device with
+    several devices): each replica's thread writes through a `PrefixedStream` of its own, with
+    its rank's prefix and its own line state (`prefix_thread`); a line from any other thread of
+    the process goes out whole, without a prefix, as it did before."""
+
+    def __init__(self, stream: Any, lock_path: str | None = None) -> None:
+        super().__init__(stream, "", lock_path)
+        self.pid = os.getpid()
+        self._by_thread: dict[int, PrefixedStream] = {}
+
+    def prefix_thread(self, prefix: str) -> None:
+        """The calling thread's lines get ``prefix`` from now on."""
+        self._by_thread[threading.get_ident()] = PrefixedStream(self._stream, prefix,
+                                                                self._lock_path)
+
+    def write(self, text: str) -> int:
+        own = self._by_thread.get(threading.get_ident())
+        return own.write(text) if own is not None else super().write(text)
+
+    def flush(self) -> None:
+        own = self._by_thread.get(threading.get_ident())
+        if own is not None:
+            own.flush()
+        else:
+            super().flush()
+
+
+_THREAD_STREAMS = threading.Lock()
+
+
+def prefix_replica_thread(prefix: str, lock_path: str | None) -> bool:
+    """In a replica that is a thread of its process: this thread's lines on the process's
+    ``sys.stdout`` and ``sys.stderr`` get ``prefix``. The first replica of the process puts the
+    per-thread streams in place (True: the caller's streams were replaced, for the log handlers
+    to follow); the others add their thread."""
+    import sys
+
+    with _THREAD_STREAMS:
+        made = not (isinstance(sys.stdout, ThreadPrefixedStream) and sys.stdout.pid == os.getpid())
+        if made:
+            sys.stdout = ThreadPrefixedStream(sys.stdout, lock_path)
+            sys.stderr = ThreadPrefixedStream(sys.stderr, lock_path)
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, ThreadPrefixedStream):
+                stream.prefix_thread(prefix)
+    return made
+
+
 def _pieces(text: str) -> list[str]:
     """Split after every line end, in one pass; ``text`` ends with a line end."""
     return [piece for piece in _AFTER_LINE_END.split(text) if piece]

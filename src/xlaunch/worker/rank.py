@@ -41,7 +41,7 @@ from xlaunch.worker.launch_dir import (
     write_pid,
 )
 from xlaunch.worker.measure import dynamo_since, write_rank_report
-from xlaunch.worker.output import PrefixedStream, rebind_log_handlers
+from xlaunch.worker.output import PrefixedStream, prefix_replica_thread, rebind_log_handlers
 from xlaunch.worker.value import ValueNotSent, write_value
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -59,6 +59,8 @@ class WorkerSetup:
     tree: process_tree.TreeTicket | None = None
     # A kernel's forked workers: each local rank's socket to the caller for what it displays
     display_fds: tuple[int, ...] | None = None
+    # Replicas that are threads of one process (v2/v3): each prefixes its own thread's lines
+    threads_share_streams: bool = False
 
 
 class Worker:
@@ -89,13 +91,18 @@ class Worker:
             live = sink.live_line if sink is not None else None
             caller = {id(sys.stdout): "stdout", id(sys.__stdout__): "stdout",
                       id(sys.stderr): "stderr", id(sys.__stderr__): "stderr"}
-            sys.stdout = PrefixedStream(sys.stdout, prefix, lock, live,
-                                        sink.lines("stdout") if sink is not None else None)
-            sys.stderr = PrefixedStream(sys.stderr, prefix, lock, live,
-                                        sink.lines("stderr") if sink is not None else None)
+            if setup.threads_share_streams:
+                replaced = prefix_replica_thread(prefix, lock)
+            else:
+                replaced = True
+                sys.stdout = PrefixedStream(sys.stdout, prefix, lock, live,
+                                            sink.lines("stdout") if sink is not None else None)
+                sys.stderr = PrefixedStream(sys.stderr, prefix, lock, live,
+                                            sink.lines("stderr") if sink is not None else None)
             # Handlers made before the launch (a notebook's basicConfig) hold the caller's
             # stream: in this worker they write through the prefixed one.
-            rebind_log_handlers({key: getattr(sys, name) for key, name in caller.items()})
+            if replaced:
+                rebind_log_handlers({key: getattr(sys, name) for key, name in caller.items()})
         die_with_parent()
         if threading.current_thread() is threading.main_thread():
             # The stop button or Ctrl-C must end a worker at once, even inside a C++ collective;

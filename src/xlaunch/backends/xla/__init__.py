@@ -42,10 +42,10 @@ def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
     path_env = xla_layer(spec, os.environ, launch_dir.folder)
     setup = WorkerSetup(
         launch_dir.folder, launch_environment(plan, os.environ, path_env),
-        # Two replicas sharing a process (v2/v3 threads) would share one prefixed stdout.
-        line_prefix=spec.line_prefix if spec.threads_per_process == 1 else None,
-        prefix_single=spec.line_prefix != XlaSpec.line_prefix,
-        display_fds=displays.fds if displays is not None else None)
+        line_prefix=spec.line_prefix, prefix_single=spec.line_prefix != XlaSpec.line_prefix,
+        display_fds=displays.fds if displays is not None else None,
+        # Replicas sharing a process (v2/v3 threads): each thread's lines get its own rank.
+        threads_share_streams=spec.threads_per_process > 1)
 
     def starter(number: int) -> Starter:
         job = ReplicaJob(function, args, setup, number, compile_cache=spec.compile_cache,
