@@ -161,8 +161,10 @@ def own_process_mark() -> bool:
     import glob
     import tempfile
 
+    from xlaunch.worker.launch_dir import Mark
+
     marks = glob.glob(f"{tempfile.gettempdir()}/xlaunch-{os.getppid()}-*/attempt-0/"
-                      f"process-{os.getpid()}")
+                      f"{Mark.BEGAN}-{os.getpid()}")
     return bool(marks)
 
 
