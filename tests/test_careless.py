@@ -8,6 +8,7 @@ the right rank blamed and nothing left broken. Tests never assert a duration.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -260,6 +261,37 @@ def test_on_stop_in_one_process_runs_at_the_timeout(tmp_path):
         notebook_launcher(save_on_stop, args=(str(tmp_path), "on_stop"), num_processes=1,
                           timeout=2)
     assert (tmp_path / "saved-0").exists()
+
+
+def registers_on_stop(how):
+    xlaunch.on_stop(lambda: None)
+    if how == "raises":
+        raise ValueError("the function failed")
+    if how == "times out":
+        time.sleep(60)
+    return how
+
+
+@pytest.mark.timeout(120)
+def test_a_one_process_launch_puts_the_callers_sigterm_handler_back():
+    """The function runs in the caller, where its on_stop installs xlaunch's SIGTERM handler:
+    after the launch, however it ended, the caller's own handler is back."""
+    import signal
+
+    def mine(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        for how in ("returns", "raises", "times out"):
+            with contextlib.suppress(LaunchError):
+                notebook_launcher(registers_on_stop, args=(how,), num_processes=1, timeout=5)
+            assert signal.getsignal(signal.SIGTERM) is mine, how
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        assert notebook_launcher(registers_on_stop, args=("returns",), num_processes=1) == "returns"
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def world_size():

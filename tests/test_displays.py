@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from xlaunch.backends.displays import DisplayRelay, own_display_id
 from xlaunch.worker.displays import DisplaySink
 
@@ -172,3 +174,47 @@ def test_the_live_views_states_come_from_the_launch_folders_marks(tmp_path):
     assert [message[0] for message in published] == ["display_data", "update_display_data",
                                                      "update_display_data"]
     assert published[-1][1]["data"] == {"text/plain": ""}
+
+
+def test_the_relay_outlives_what_it_cannot_take_holds_no_worker_and_loses_no_text(capsys):
+    """A piece of text that is not text (its folding fails), a message that cannot be read:
+    the relay goes on reading, so a worker is never held at its next print (its send blocks
+    when nobody reads), and what it could not fold or read is shown as it came."""
+    import re
+    import socket
+    import threading
+    import time
+
+    from xlaunch.backends.lines import WINDOW_S
+    from xlaunch.worker.displays import TEXT
+
+    relay, (sink, _), published = relay_and_sinks()
+    send = sink.lines("stdout")
+    send([("", 5)])
+    sink(TEXT, {"name": "stdout", "pieces": "not pieces"}, None)
+    raw = socket.socket(fileno=os.dup(relay.fds[1]))  # rank 1: a frame that does not unpickle
+    with pytest.warns(RuntimeWarning, match="a worker's message could not be shown"):
+        raw.sendall(len(b"junk").to_bytes(4, "big") + b"junk")
+        time.sleep(0.5)
+    raw.close()
+    time.sleep(4 * WINDOW_S)  # the relay has tried to show the piece that is not text
+
+    def prints():
+        for step in range(5000):  # far more than the socket holds unread
+            send([("[rank 0] ", f"line {step} " + "x" * 60 + "\n")])
+
+    printer = threading.Thread(target=prints, daemon=True)
+    printer.start()
+    printer.join(60)
+    try:
+        assert not printer.is_alive(), "the worker was held at its print: the relay stopped reading"
+        display(sink, "after")
+    finally:
+        relay.close()  # a worker still held is let go: its socket is closed
+    shown = "".join(message[1]["text"] for message in published if message[0] == "stream")
+    numbers = [int(n) for n in re.findall(r"\[rank 0\] line (\d+) x{60}\n", shown)]
+    assert numbers == list(range(5000))  # every line, in order
+    assert shown.index("5") < shown.index("[rank 0] line 0 ")  # the piece that was not text
+    assert "'not pieces'" in capsys.readouterr().out  # what could not be read: the caller's stream
+    assert ("display_data", "after") in [(m[0], m[1].get("data", {}).get("text/plain"))
+                                         for m in published]

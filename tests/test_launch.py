@@ -566,7 +566,7 @@ def test_without_a_timeout_a_waiting_node_says_so_and_names_the_engines_bound(tm
     for _ in range(3):  # a free port another test took before the store bound it: another port
         node = lonely_node(tmp_path)
         lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(node.stderr), daemon=True)
+        reader = threading.Thread(target=lines.extend, args=(node.stderr,), daemon=True)
         reader.start()
         try:
             deadline = time.monotonic() + 60

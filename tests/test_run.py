@@ -235,3 +235,26 @@ def test_a_scripts_own_process_group_gets_the_backend_and_timeout_it_asked_for(t
     nccl = xlaunch_run("--num-processes", "2", "own_group.py", "nccl", cwd=tmp_path)
     assert nccl.returncode == 1, nccl.stdout
     assert "[root cause]" in nccl.stderr and "nccl" in nccl.stderr.lower()
+
+
+def test_a_scripts_own_group_meets_through_a_private_file(tmp_path):
+    write(tmp_path, "own_store.py", """\
+        import os, stat
+        import torch.distributed as dist
+        from xlaunch.names import STORE_DIR_VAR
+        dist.init_process_group("gloo")
+        dist.barrier()
+        folder = os.environ[STORE_DIR_VAR]
+        modes = {name: oct(stat.S_IMODE(os.lstat(os.path.join(folder, name)).st_mode))
+                 for name in os.listdir(folder) if name.startswith("script-group-")}
+        print("stores", sorted(modes.items()), flush=True)
+        dist.barrier()
+        """)
+    env = {k: v for k, v in os.environ.items() if k not in STEERING}
+    env["XLAUNCH_ACCELERATOR"] = "cpu"
+    result = subprocess.run([sys.executable, "-m", "xlaunch", "run", "--num-processes", "2",
+                             "own_store.py"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=180, preexec_fn=lambda: os.umask(0))
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):  # under umask 0 too: only the user can read or write it
+        assert f"[rank {rank}] stores [('script-group-0', '0o600')]" in result.stdout, result.stdout

@@ -165,6 +165,8 @@ def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ..
         interrupted = KeyboardInterrupt(*stop.args)
         interrupted.__suppress_context__ = True
         _raise(interrupted)
+    except Exception as failed:  # the launch itself failed before any worker ran
+        _raise(failed)
     report = make_report(plan.path, time.perf_counter() - started, outcome.rank_reports,
                          plan.memory_total)
     global _LAST_REPORT
@@ -181,8 +183,8 @@ def run_plan(plan: LaunchPlan, function: Callable[..., Any], args: tuple[Any, ..
     if outcome.left_running:  # a failed launch names them in its error
         print(f"xlaunch: warning: {left_running_text(outcome.left_running)}", file=sys.stderr)
     _print_report(plan, report, view)
-    if outcome.exception is not None:  # the launch itself failed before any worker ran
-        raise outcome.exception
+    if outcome.exception is not None:  # the function's own exception, judged no failure
+        _raise(outcome.exception)
     return outcome.result
 
 

@@ -13,12 +13,13 @@ still ends a worker stuck inside a C++ collective at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[[], Any])
@@ -66,6 +67,23 @@ def reset() -> None:
         _CALLBACKS.clear()
     _installed = False
     _noted = None
+
+
+@contextlib.contextmanager
+def caller_handler_kept() -> Iterator[None]:
+    """While the function runs in the caller's own process (a one-process launch): an `on_stop`
+    (or the function's own ``signal.signal``) may replace the caller's SIGTERM handler; it is put
+    back when the block ends, whatever happened, so a launch changes no handler of the caller.
+    A handler that Python did not install (``getsignal`` is None) cannot be put back: left."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # no handler can be installed from another thread
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if previous is not None and signal.getsignal(signal.SIGTERM) is not previous:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def run_callbacks() -> None:

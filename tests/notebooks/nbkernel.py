@@ -92,10 +92,10 @@ class CellRun:
 class Kernel:
     """One running ipykernel, driven cell by cell as a person in a notebook would."""
 
-    def __init__(self, env: dict[str, str], cwd: Path) -> None:
+    def __init__(self, env: dict[str, str], cwd: Path, kernel_name: str = KERNEL_NAME) -> None:
         from jupyter_client import KernelManager
 
-        self.manager = KernelManager(kernel_name=KERNEL_NAME)
+        self.manager = KernelManager(kernel_name=kernel_name)
         self.manager.start_kernel(env=env, cwd=str(cwd))
         self.client = self.manager.blocking_client()
         self.client.start_channels()

@@ -202,3 +202,68 @@ notebook_launcher(alike, num_processes=2)
     assert off.status == "ok", off.describe()
     for rank in (0, 1):
         assert f"[rank {rank}] epoch 1 done\n" in off.stdout, off.describe()
+
+
+def test_what_a_process_the_worker_forked_prints_reaches_the_cell_with_its_rank(kernel):
+    """A DataLoader worker is a process the rank forked: it has no way to the caller of its own
+    (the rank's socket is the rank's), so its lines go through the kernel's own stream, which
+    carries a forked process's text to the cell, prefixed with its rank's prefix."""
+    cell = kernel.run('''
+import os, sys
+from torch.utils.data import DataLoader, Dataset
+from xlaunch import ProcessState, notebook_launcher
+
+class Loud(Dataset):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        rank = ProcessState().process_index
+        print(f"loader of rank {rank} loads item {index} in {os.getpid()}")
+        print(f"loader of rank {rank} warns", file=sys.stderr)
+        return index
+
+def load():
+    print(f"rank {ProcessState().process_index} runs in {os.getpid()}")
+    return [int(item) for item in DataLoader(Loud(), num_workers=1)]
+
+notebook_launcher(load, num_processes=2)
+''')
+    assert cell.status == "ok", cell.describe()
+    for rank in (0, 1):
+        for index in (0, 1):
+            line = re.search(rf"^\[rank {rank}\] loader of rank {rank} loads item {index} in (\d+)$",
+                             cell.stdout, re.MULTILINE)
+            assert line, cell.describe()
+        worker = re.search(rf"^\[rank {rank}\] rank {rank} runs in (\d+)$", cell.stdout,
+                           re.MULTILINE)
+        assert worker and worker.group(1) != line.group(1), cell.describe()  # another process
+        assert f"[rank {rank}] loader of rank {rank} warns\n" in cell.stderr, cell.describe()
+    assert cell.results and "[0, 1]" in cell.results[0], cell.describe()
+
+
+def test_a_message_the_relay_cannot_take_holds_no_worker_and_loses_no_line(kernel):
+    """Rank 0 sends its relay a piece of text that is not text (what a broken worker could
+    send): the relay goes on reading, both ranks print on (their sends would block on a relay
+    that stopped reading), every line reaches the cell and the launch ends."""
+    cell = kernel.run('''
+import sys, time
+from xlaunch import ProcessState, notebook_launcher
+
+def prints_after_a_bad_piece():
+    rank = ProcessState().process_index
+    if rank == 0:
+        sys.stdout._lines([("", 5)])  # the prefixed stream's way to the relay
+    time.sleep(1)  # the relay tries to show it first
+    for step in range(3000):
+        print(f"rank {rank} step {step} " + "x" * 60)
+    return "done"
+
+notebook_launcher(prints_after_a_bad_piece, num_processes=2, timeout=90)
+''')
+    assert cell.status == "ok", cell.describe()[-3000:]
+    for rank in (0, 1):
+        steps = re.findall(rf"\[rank {rank}\] rank {rank} step (\d+) x{{60}}$", cell.stdout,
+                           re.MULTILINE)  # the piece that was not text starts a line: "5[rank 0] ..."
+        assert [int(step) for step in steps] == list(range(3000)), len(steps)
+    assert cell.results == ["'done'"], cell.describe()[-3000:]

@@ -230,3 +230,27 @@ notebook_launcher(fails, num_processes=2)
     assert "skipping hidden" not in frames, frames
     assert "bad batch 7" in cell.error["evalue"]
     assert not cell.shown, "no report table before the error"
+
+
+def test_a_launch_that_fails_before_any_worker_ran_opens_on_the_users_call_then_the_message(
+        kernel):
+    """The launch's own failure (here: the port it was told to use is taken), raised before a
+    worker started: no frame of xlaunch's either."""
+    cell = kernel.run('''
+import socket
+from xlaunch import notebook_launcher
+holder = socket.socket()
+holder.bind(("127.0.0.1", 0))
+holder.listen()
+taken = str(holder.getsockname()[1])
+try:
+    notebook_launcher(print, num_processes=2, use_port=taken)
+finally:
+    holder.close()
+''')
+    assert cell.status == "error" and cell.error["ename"] == "RuntimeError", cell.describe()
+    frames = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(cell.error["traceback"]))  # no colours
+    ours = [frame for frame in cell.error["traceback"] if "/xlaunch/" in frame]
+    assert not ours, frames  # the user's call, then the message
+    assert "notebook_launcher(print, num_processes=2, use_port=taken)" in frames, frames
+    assert "already in use" in cell.error["evalue"]

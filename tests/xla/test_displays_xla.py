@@ -10,8 +10,10 @@ frontend shows. Failed before the XLA path relayed displays (no bar at all: chec
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,3 +104,51 @@ def test_a_replicas_tqdm_auto_bar_and_display_reach_the_cell(kernel_env: dict[st
         html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})
                 and "xlaunch-report" not in o["data"]["text/html"]]  # the launch's own report
         assert html == [f"<b>{tag} step 29</b>"], outputs  # one output, at its last state
+
+
+LIVE = '''
+import os, time
+from xlaunch import ProcessState, notebook_launcher
+
+def work(tag):
+    import torch_xla
+    for step in range(4):
+        print(f"{tag} step {step} of rank {ProcessState().process_index}")
+        time.sleep(0.6)
+    return str(torch_xla.device())
+'''
+
+
+def live_tables(cell: Any) -> list[Any]:
+    """Each state the cell's live view showed, in order: its html, or its last data."""
+    return [data for display_id, data in cell.display_updates
+            if display_id.startswith("xlaunch-live")]
+
+
+def test_the_live_view_shows_a_forked_replicas_row_then_becomes_the_report(
+        kernel_env: dict[str, str], tmp_path: Path) -> None:
+    """The live view on the torch_xla path: xmp.spawn's pool forked from the launch thread, and
+    a launch leader (one replica of two devices); the view's rows come from the marks the
+    replicas leave; at the end it becomes the report (shown on the XLA path)."""
+    from tests.notebooks.nbkernel import Kernel
+
+    kernel = Kernel(kernel_env, tmp_path, KERNEL_NAME)
+    try:
+        assert kernel.run(LIVE).status == "ok"
+        cells = {"pool": kernel.run('notebook_launcher(work, ("pool",))'),
+                 "leader": kernel.run('os.environ["CPU_NUM_DEVICES"] = "2"\n'
+                                      'try:\n    notebook_launcher(work, ("leader",), '
+                                      'num_processes=1)\nfinally:\n'
+                                      '    os.environ["CPU_NUM_DEVICES"] = "1"')}
+    finally:
+        left = kernel.shutdown()
+    assert not left, f"processes outlived the kernel: {left}"
+    for tag, cell in cells.items():
+        assert cell.status == "ok", cell.describe()
+        tables = live_tables(cell)
+        assert tables, (tag, cell.display_updates)
+        shown = [data["text/plain"] for data in tables[:-1]]
+        assert any(re.match(rf"rank 0: running, \d+ s  {tag} step \d of rank 0$", text)
+                   for text in shown), (tag, shown)
+        assert re.match(rf"rank 0: finished, \d+ s  {tag} step 3 of rank 0$", shown[-1]), shown
+        assert "xlaunch-report" in tables[-1].get("text/html", ""), tables[-1]  # it became the report

@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -340,6 +341,43 @@ def test_result_that_cannot_be_pickled_is_a_failure_of_rank_zero() -> None:
         xlaunch.notebook_launcher(lambda: (lambda: None))
     assert caught.value.root_cause is not None and caught.value.root_cause.exc_type == "TypeError"
     pickle.dumps(caught.value)  # and the error itself crosses processes
+
+
+THREADS_SPEAK = """
+    import logging, os, sys, threading
+    import xlaunch
+    logging.basicConfig(format="%(levelname)s %(message)s")  # made before the launch
+
+    def speak():
+        rank = xlaunch.ProcessState().process_index
+        for line in range(3):
+            print(f"line {line} from replica {rank} in {os.getpid()}/{threading.get_ident()}")
+        print(f"stderr of replica {rank}", file=sys.stderr)
+        logging.getLogger("train").warning("logged by replica %d", rank)
+        return rank
+
+    print("RESULT", xlaunch.notebook_launcher(speak), flush=True)
+"""
+
+
+def test_replicas_that_are_threads_of_one_process_each_prefix_their_lines() -> None:
+    """Two XLA CPU devices: one process, a replica per thread (as TPU v2/v3 run two); every line
+    a replica prints, to stdout, stderr or through a handler made before the launch, carries
+    its own rank. No collective: the printing alone."""
+    script = run_script(THREADS_SPEAK, env={**os.environ, "CPU_NUM_DEVICES": "2"})
+    out, err = script.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert script.returncode == 0, err[-3000:]
+    assert "RESULT 0" in out, out
+    where = set()
+    for rank in (0, 1):
+        for line in range(3):
+            found = re.findall(rf"^\[rank {rank}\] line {line} from replica {rank} in "
+                               r"(\d+/\d+)$", out, re.MULTILINE)
+            assert len(found) == 1, out
+            where.update(found)
+        assert f"[rank {rank}] stderr of replica {rank}\n" in err, err[-3000:]
+        assert f"[rank {rank}] WARNING logged by replica {rank}\n" in err, err[-3000:]
+    assert len(where) == 2 and len({w.split("/")[0] for w in where}) == 1, where  # 2 threads, 1 process
 
 
 def test_the_runtime_here_was_never_initialised(torch_xla_imported: Any) -> None:

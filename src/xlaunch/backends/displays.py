@@ -9,6 +9,13 @@ widget, merges into) it, and the queue is published at most every `FLUSH_S` seco
 updated 10,000 times a second costs the cell a few messages a second; its last state is always
 published. The workers' text comes the same way (`lines.TextFolder`: lines several ranks print
 alike shown once). `close` returns once everything the workers sent is published.
+
+The thread must outlive anything a worker sends: workers write to their socket with a blocking
+send, so a relay that stopped reading would hold every worker at its next print. Whatever fails
+in the work on one message (a frame that does not unpickle, text that is not text, a display
+the kernel refuses, the live view) is caught there; nothing is dropped silently: text that could
+not be folded or published is written to the caller's own stream as it came, and anything else
+is named in a warning (each kind once).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ class DisplayRelay:
         self._queue: list[list[Any]] = []  # [key, msg_type, content, metadata, buffers]
         self._pending: dict[Any, list[Any]] = {}  # key -> its entry in the queue
         self._inbox = [bytearray() for _ in self._pairs]
+        self._warned: set[str] = set()
         self._thread = threading.Thread(target=self._loop, name="xlaunch-displays", daemon=True)
         self._thread.start()
 
@@ -89,12 +97,10 @@ class DisplayRelay:
                         self._drain()
                         self._show_text(everything=True)
                         self._flush()
-                        if live is not None:  # its last state: every rank's end, last line
-                            live.tick(force=True)
+                        self._tick(force=True)  # its last state: every rank's end, last line
                         return
                     self._read(key.data)
-                if live is not None:
-                    live.tick()
+                self._tick()
                 self._show_text()
                 if self._queue and time.monotonic() >= next_flush:
                     self._flush()
@@ -126,19 +132,59 @@ class DisplayRelay:
                 break
             frame = bytes(inbox[LENGTH_BYTES:LENGTH_BYTES + size])
             del inbox[:LENGTH_BYTES + size]
-            with contextlib.suppress(Exception):  # one bad frame never stops the others
-                self._queue_message(*pickle.loads(frame))
+            message: Any = None
+            try:  # one bad frame never stops the others
+                message = pickle.loads(frame)
+                self._queue_message(*message)
+            except Exception as error:
+                self._lost(message, error)
         return True
 
+    def _lost(self, message: Any, error: Exception) -> None:
+        """A message the relay could not take: its text to the caller's stream as it came, or
+        a warning naming what was not shown."""
+        if isinstance(message, tuple) and len(message) == 5 and message[1] == TEXT:
+            content = message[2] if isinstance(message[2], dict) else {}
+            _to_caller(str(content.get("name")), _as_text(content.get("pieces")))
+            return
+        kind = message[1] if isinstance(message, tuple) and len(message) == 5 else "message"
+        self._warn(str(kind), f"a worker's {kind} could not be shown: "
+                              f"{type(error).__name__}: {error}")
+
+    def _warn(self, kind: str, text: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            with contextlib.suppress(Exception):
+                warnings.warn(f"xlaunch: {text}", RuntimeWarning, stacklevel=1)
+
+    def _tick(self, force: bool = False) -> None:
+        live = self.live
+        if live is None:
+            return
+        try:
+            live.tick(force=force)
+        except Exception as error:  # the view stops; the launch and its text go on
+            self.live = None
+            self._warn("live view", f"the live view of the ranks stopped: "
+                                    f"{type(error).__name__}: {error}")
+
     def _show_text(self, everything: bool = False) -> None:
-        due = self._text.due(everything=everything)
+        try:
+            due = self._text.due(everything=everything)
+        except Exception:  # text that is not text: shown as it came, unfolded
+            try:
+                due = self._text.take_all()
+            except Exception as error:
+                due = []
+                self._warn("text", f"workers' text could not be shown: {error!r}")
         if not due:
             return
         for stream in (sys.stdout, sys.stderr):  # what the caller printed first shows first
             with contextlib.suppress(Exception):
                 stream.flush()
         for name, text in due:
-            self._send("stream", {"name": name, "text": text}, {}, [])
+            if not self._send("stream", {"name": name, "text": text}, {}, []):
+                _to_caller(name, text)
 
     def _queue_message(self, rank: int, msg_type: str, content: dict[str, Any],
                        metadata: dict[str, Any] | None, buffers: list[bytes]) -> None:
@@ -169,12 +215,28 @@ class DisplayRelay:
             self._send(msg_type, content, metadata, buffers)
 
     def _send(self, msg_type: str, content: dict[str, Any], metadata: dict[str, Any] | None,
-              buffers: list[bytes]) -> None:
+              buffers: list[bytes]) -> bool:
         try:
             self._publish(msg_type, content, metadata, buffers)
         except Exception as error:  # the cell must still get the rest
-            warnings.warn(f"xlaunch: a worker's {msg_type} could not be shown: {error}",
-                          RuntimeWarning, stacklevel=1)
+            self._warn(msg_type, f"a worker's {msg_type} could not be shown: {error}")
+            return False
+        return True
+
+
+def _as_text(pieces: Any) -> str:
+    try:
+        return "".join(f"{prefix}{piece}" for prefix, piece in pieces)
+    except Exception:
+        return f"{pieces!r}\n"
+
+
+def _to_caller(name: str, text: str) -> None:
+    """Workers' text the relay could not show its way: written to the caller's own stream."""
+    stream = sys.stderr if name == "stderr" else sys.stdout
+    with contextlib.suppress(Exception):
+        stream.write(text)
+        stream.flush()
 
 
 def own_display_id(content: dict[str, Any], rank: int) -> dict[str, Any]:

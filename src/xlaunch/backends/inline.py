@@ -41,7 +41,8 @@ def launch(plan: LaunchPlan, spec: InlineSpec, function: Callable[..., Any],
     stopping.reset()
     try:
         launched = worker_environment(launch_environment(plan, os.environ), attempt=0, pid=None)
-        with overlay(launched), _deadline(plan.timeout, stack):
+        # The caller's SIGTERM handler, which the function's on_stop replaces, is put back after.
+        with stopping.caller_handler_kept(), overlay(launched), _deadline(plan.timeout, stack):
             result = function(*args)
         rank_exit = RankExit(rank=0, pid=pid, exitcode=0, returned=True)
         ended["result"] = to_cpu(result)

@@ -79,6 +79,12 @@ class TextFolder:
         del self._lines[:count]
         return out
 
+    def take_all(self) -> list[tuple[str, str]]:
+        """Everything waiting, unfolded, each line as it came (what is not text made text): the
+        relay's way out when `due` fails on a line a worker sent that is not text."""
+        lines, self._lines = self._lines, []
+        return [(str(line.name), f"{line.prefix}{line.text}") for line in lines]
+
     def next_due(self) -> float | None:
         return self._lines[0].arrived + WINDOW_S if self._lines else None  # what due() waits on
 

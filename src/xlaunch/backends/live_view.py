@@ -92,7 +92,10 @@ class LiveView:
         if not force and now < self._next:
             return
         self._next = now + REFRESH_S
-        table = self.render(self.rows())
+        rows = self.rows()
+        if not rows:  # no rank known yet (their rows show as their workers start): no empty table
+            return
+        table = self.render(rows)
         if table == self._shown:
             return
         first = self._shown is None

@@ -25,7 +25,9 @@ LIVE_LINE = "xlaunch-line"  # the display id of a rank's live text line (the cal
 
 
 class DisplaySink:
-    """This rank's end of the caller's socket; a process it forks sends nothing through it."""
+    """This rank's end of the caller's socket; a process it forks sends nothing through it
+    (each call says False there: its text goes to the kernel's stream instead, `PrefixedStream`;
+    its displays are dropped, as the kernel drops a fork's)."""
 
     def __init__(self, fd: int, rank: int) -> None:
         self._socket = socket.socket(fileno=fd)
@@ -51,24 +53,25 @@ class DisplaySink:
                 pass
         return True
 
-    def live_line(self, text: str, line: int | None) -> int:
+    def live_line(self, text: str, line: int | None) -> int | None:
         """Show ``text`` as live line ``line`` of this rank (a display updated in place); None
-        starts a new one (the previous keeps its last state). Returns the line's number."""
+        starts a new one (the previous keeps its last state). Returns the line's number; None
+        when it could not be sent (a process the rank forked)."""
         first = line is None
-        if line is None:
-            self._lines += 1
-            line = self._lines
-        display_id = f"{LIVE_LINE}-{line}"
-        self("display_data" if first else "update_display_data",
-             {"data": {"text/plain": text}, "metadata": {},
-              "transient": {"display_id": display_id}}, {})
-        return line
-
+        number = self._lines + 1 if line is None else line
+        display_id = f"{LIVE_LINE}-{number}"
+        if not self("display_data" if first else "update_display_data",
+                    {"data": {"text/plain": text}, "metadata": {},
+                     "transient": {"display_id": display_id}}, {}):
+            return None
+        self._lines = max(self._lines, number)
+        return number
 
     def lines(self, name: str) -> Any:
-        """What stream ``name`` of this rank writes, sent to the caller (`PrefixedStream`)."""
-        def send(pieces: list[tuple[str, str]]) -> None:
-            self(TEXT, {"name": name, "pieces": pieces}, None)
+        """What stream ``name`` of this rank writes, sent to the caller (`PrefixedStream`):
+        whether it was."""
+        def send(pieces: list[tuple[str, str]]) -> bool:
+            return self(TEXT, {"name": name, "pieces": pieces}, None)
         return send
 
 

@@ -45,7 +45,8 @@ STACKS_WAIT_S = 2.0  # at a timeout: the longest the asked workers' stacks are w
 # --- the protocol: every name in a launch's folders, here and nowhere else ---------------------
 # In the launch's folder:
 CANCELLED = "launch.cancelled"  # the launch was stopped: a worker that starts now runs nothing
-OUTPUT_LOCK = "output.lock"  # each rank's prefixed stream writes a line under its lock
+OUTPUT_LOCK = "output.lock"  # each rank's prefixed stream writes a line under its lock (made
+# with the folder; workers only open it)
 XLA_DEBUG = "xla-debug"  # torch_xla's compilation analysis, a file per process (".<pid>")
 ATTEMPT = "attempt-{}"  # a folder per attempt, holding what its workers left:
 PID = "pid-{}"  # by rank: "<pid> <local rank>", written before the rank runs anything
@@ -56,6 +57,8 @@ CRASH = "crash-{}"  # by pid: an XLA process's dump at a fatal signal
 REPORT = "report-{}.json"  # by rank: its `RankReport`
 LEADER_FAILURE = "leader.json"  # what failed in the XLA launch leader before any replica ran
 GROUP_STORE = "group-store"  # the FileStore a one-machine group meets through (made private first)
+SCRIPT_GROUP_STORE = "script-group-{}"  # by call: the FileStore a script's own group meets
+# through (`worker.script`: its ``init_process_group``), made private first by one of its ranks
 RESULT = "value.record"  # local rank 0's value: its record, committed last (worker/value.py)
 VALUE = "{}-value-{}"  # by attempt and index: each large buffer of that value (in the attempt's
 # folder, or in the launch's folder in shared memory)
@@ -130,11 +133,13 @@ class LaunchDir:
             for base in (SHARED_MEMORY, temp):
                 try:
                     private_dir(base / name)
-                    return cls(str(base / name))
                 except FileExistsError:
                     break  # another name
                 except OSError:  # no shared memory here (or not ours to write)
                     continue
+                # Made here, with the folder: workers open it, never create it (`output`).
+                os.close(private_file(base / name / OUTPUT_LOCK))
+                return cls(str(base / name))
         raise FileExistsError(errno.EEXIST, f"no free name for a launch folder in {temp} after "
                               f"{_NAME_TRIES} tries")
 

@@ -12,12 +12,16 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-# (text, live line number or None for a new one) -> that line's number
-LiveLine = Callable[[str, "int | None"], int]
-# [(prefix or "", text)]: pieces of this stream's output, whole lines but for the last
-Lines = Callable[[list[tuple[str, str]]], None]
+# (text, live line number or None for a new one) -> that line's number; None: not shown
+LiveLine = Callable[[str, "int | None"], "int | None"]
+# [(prefix or "", text)]: pieces of this stream's output, whole lines but for the last -> whether
+# they were sent
+Lines = Callable[[list[tuple[str, str]]], bool]
 
 LINE_ENDS = ("\n", "\r")
+# The lock file is the launch's, made with its folder (`launch_dir.LaunchDir.create`): a worker
+# opens it, never creates it, never through a symlink.
+_OPEN_LOCK = os.O_RDWR | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 _AFTER_LINE_END = re.compile(r"(?<=[\r\n])")
 
 
@@ -29,16 +33,19 @@ class PrefixedStream(io.TextIOBase):
     without a newline costs a million appends, not a million copies of a growing string.
 
     A pipe keeps a write whole only up to 4 KiB (PIPE_BUF): a longer line from one rank could be
-    cut by another's. With ``lock_path`` (a file every rank of the launch shares) each write holds
-    an advisory lock on it, so lines of any length arrive whole. It is a full text stream:
-    ``buffer`` (bytes, decoded and prefixed alike), ``reconfigure``, ``name``, ``line_buffering``…
-    come from the stream it wraps.
+    cut by another's. With ``lock_path`` (a file every rank of the launch shares, which the caller
+    made) each write holds an advisory lock on it, so lines of any length arrive whole. It is a
+    full text stream: ``buffer`` (bytes, decoded and prefixed alike), ``reconfigure``, ``name``,
+    ``line_buffering``… come from the stream it wraps.
 
     With ``live`` (a worker of a Jupyter kernel) a line redrawn with carriage returns (a text
     progress bar) does not go to the stream, where another rank's redraws would overwrite it:
     each state goes to ``live``, this rank's own line in the cell, updated in place; its last
     state stays there once the line ends. With ``lines`` too, the rest goes to ``lines``, not to
-    the stream: the caller folds what several ranks print alike and shows it.
+    the stream: the caller folds what several ranks print alike and shows it. A process the
+    rank forks (a DataLoader worker) has no way to the caller of its own: there, and wherever
+    ``live`` or ``lines`` could not take a piece, every line goes to the stream, prefixed (the
+    kernel's stream carries a forked process's text to the cell itself).
     """
 
     def __init__(self, stream: Any, prefix: str, lock_path: str | None = None,
@@ -57,9 +64,10 @@ class PrefixedStream(io.TextIOBase):
         self._redrawing = False  # the current line began after a carriage return
         self._live_text = ""  # the current line's text so far, when redrawing
         self._lines = lines if live is not None else None
+        self._pid = os.getpid()  # the process whose way to the caller ``live`` and ``lines`` are
 
     def write(self, text: str) -> int:
-        if self._live is not None:
+        if self._live is not None and self._routed():
             return self._write_live(text)
         last_end = max(text.rfind("\n"), text.rfind("\r"))
         if last_end < 0:
@@ -72,21 +80,41 @@ class PrefixedStream(io.TextIOBase):
         return len(text)
 
     def flush(self) -> None:
+        if self._live is not None:
+            self._routed()
         pending = "".join(self._pending)
         self._pending = []
         if pending and self._live is not None and self._redrawing:
             self._live_text += pending
             self._show(self._live_text)
             pending = ""
+        start = self._start(pending) if pending else ""
         if pending and self._lines is not None:
-            self._lines([(self._start(pending), pending)])
-            self._line_started = True
-            pending = ""
+            if self._lines([(start, pending)]):
+                self._line_started = True
+                pending = ""
+            else:
+                self._plain()
         with self._held():
             if pending:
-                self._stream.write(self._start(pending) + pending)
+                self._stream.write(start + pending)
                 self._line_started = True
             self._stream.flush()
+
+    def _routed(self) -> bool:
+        """Whether this is the process ``live`` and ``lines`` lead from; in a process it forked,
+        from now on every line goes to the stream (`_plain`)."""
+        if os.getpid() == self._pid:
+            return True
+        self._plain()
+        return False
+
+    def _plain(self) -> None:
+        """In this process from now on: lines to the stream, prefixed, as in a terminal."""
+        if self._live_text:  # a redrawn line's start, not shown yet
+            self._pending.insert(0, self._live_text)
+        self._live = self._lines = None
+        self._live_line, self._redrawing, self._live_text = None, False, ""
 
     def _write_live(self, text: str) -> int:
         """Lines as `write`, but a redrawn line's states go to the live line."""
@@ -113,17 +141,26 @@ class PrefixedStream(io.TextIOBase):
                 self._redrawing, self._live_line = False, None
             else:
                 out.append((self._start(piece), piece))
-        if out and self._lines is not None:
-            self._lines(out)
-        elif out:
+        if out and self._lines is not None and self._lines(out):
+            return len(text)
+        if out:
+            if self._lines is not None:  # they could not be sent: the stream takes them
+                self._plain()
             with self._held():
                 self._stream.write("".join(prefix + piece for prefix, piece in out))
                 self._stream.flush()
         return len(text)
 
     def _show(self, line: str) -> None:
-        assert self._live is not None
-        self._live_line = self._live(self._prefix + line, self._live_line)
+        if self._live is not None:
+            shown = self._live(self._prefix + line, self._live_line)
+            if shown is not None:
+                self._live_line = shown
+                return
+            self._plain()
+        with self._held():  # a redraw, as in a terminal
+            self._stream.write(self._prefix + line + "\r")
+            self._stream.flush()
 
     def _start(self, piece: str) -> str:
         """The prefix this piece needs: none mid-line, none for a bare line end (a progress
@@ -157,8 +194,7 @@ class PrefixedStream(io.TextIOBase):
         if self._lock_pid != os.getpid():  # each process its own open file: flock is per open
             self._lock_pid = os.getpid()
             try:
-                self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                        0o600)
+                self._lock_fd = os.open(self._lock_path, _OPEN_LOCK)
             except OSError:  # the launch's folder is gone: write without it
                 self._lock_fd = None
         return self._lock_fd
@@ -238,6 +274,55 @@ class PrefixedBuffer(io.BufferedIOBase):
     @property
     def name(self) -> str:
         return self._text.name
+
+
+class ThreadPrefixedStream(PrefixedStream):
+    """The streams of a process whose replicas are threads (TPU v2/v3, XLA's CPU device with
+    several devices): each replica's thread writes through a `PrefixedStream` of its own, with
+    its rank's prefix and its own line state (`prefix_thread`); a line from any other thread of
+    the process goes out whole, without a prefix, as it did before."""
+
+    def __init__(self, stream: Any, lock_path: str | None = None) -> None:
+        super().__init__(stream, "", lock_path)
+        self.pid = os.getpid()
+        self._by_thread: dict[int, PrefixedStream] = {}
+
+    def prefix_thread(self, prefix: str) -> None:
+        """The calling thread's lines get ``prefix`` from now on."""
+        self._by_thread[threading.get_ident()] = PrefixedStream(self._stream, prefix,
+                                                                self._lock_path)
+
+    def write(self, text: str) -> int:
+        own = self._by_thread.get(threading.get_ident())
+        return own.write(text) if own is not None else super().write(text)
+
+    def flush(self) -> None:
+        own = self._by_thread.get(threading.get_ident())
+        if own is not None:
+            own.flush()
+        else:
+            super().flush()
+
+
+_THREAD_STREAMS = threading.Lock()
+
+
+def prefix_replica_thread(prefix: str, lock_path: str | None) -> bool:
+    """In a replica that is a thread of its process: this thread's lines on the process's
+    ``sys.stdout`` and ``sys.stderr`` get ``prefix``. The first replica of the process puts the
+    per-thread streams in place (True: the caller's streams were replaced, for the log handlers
+    to follow); the others add their thread."""
+    import sys
+
+    with _THREAD_STREAMS:
+        made = not (isinstance(sys.stdout, ThreadPrefixedStream) and sys.stdout.pid == os.getpid())
+        if made:
+            sys.stdout = ThreadPrefixedStream(sys.stdout, lock_path)
+            sys.stderr = ThreadPrefixedStream(sys.stderr, lock_path)
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, ThreadPrefixedStream):
+                stream.prefix_thread(prefix)
+    return made
 
 
 def _pieces(text: str) -> list[str]:

@@ -27,7 +27,7 @@ from xlaunch import _compat, stopping
 from xlaunch._compat import dynamo_counts
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.worker import nested, process_tree
-from xlaunch.worker.displays import route_displays
+from xlaunch.worker.displays import DisplaySink, route_displays
 from xlaunch.worker.hints import hint_for
 from xlaunch.worker.launch_dir import (
     OUTPUT_LOCK,
@@ -41,7 +41,7 @@ from xlaunch.worker.launch_dir import (
     write_pid,
 )
 from xlaunch.worker.measure import dynamo_since, write_rank_report
-from xlaunch.worker.output import PrefixedStream, rebind_log_handlers
+from xlaunch.worker.output import PrefixedStream, prefix_replica_thread, rebind_log_handlers
 from xlaunch.worker.value import ValueNotSent, write_value
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -59,6 +59,8 @@ class WorkerSetup:
     tree: process_tree.TreeTicket | None = None
     # A kernel's forked workers: each local rank's socket to the caller for what it displays
     display_fds: tuple[int, ...] | None = None
+    # Replicas that are threads of one process (v2/v3): each prefixes its own thread's lines
+    threads_share_streams: bool = False
 
 
 class Worker:
@@ -82,20 +84,7 @@ class Worker:
         not_interactive()
         nested.refuse_launchers()
         sink = route_displays(setup.display_fds, local_rank, rank)
-        if setup.line_prefix is not None and (world_size > 1 or setup.prefix_single):
-            prefix = string.Template(setup.line_prefix).safe_substitute(
-                rank=rank, local_rank=local_rank, role_name="default")
-            lock = os.path.join(launch_dir.folder, OUTPUT_LOCK)  # every rank of the launch's
-            live = sink.live_line if sink is not None else None
-            caller = {id(sys.stdout): "stdout", id(sys.__stdout__): "stdout",
-                      id(sys.stderr): "stderr", id(sys.__stderr__): "stderr"}
-            sys.stdout = PrefixedStream(sys.stdout, prefix, lock, live,
-                                        sink.lines("stdout") if sink is not None else None)
-            sys.stderr = PrefixedStream(sys.stderr, prefix, lock, live,
-                                        sink.lines("stderr") if sink is not None else None)
-            # Handlers made before the launch (a notebook's basicConfig) hold the caller's
-            # stream: in this worker they write through the prefixed one.
-            rebind_log_handlers({key: getattr(sys, name) for key, name in caller.items()})
+        own_streams(setup, launch_dir, sink, rank, local_rank, world_size)
         die_with_parent()
         if threading.current_thread() is threading.main_thread():
             # The stop button or Ctrl-C must end a worker at once, even inside a C++ collective;
@@ -175,6 +164,36 @@ class Worker:
                 f"the function returned a value that cannot be sent back to the caller "
                 f"({type(result).__name__}): {error}"))
             raise SystemExit(1) from None
+
+
+def own_streams(setup: WorkerSetup, launch_dir: LaunchDir, sink: DisplaySink | None, rank: int,
+                local_rank: int, world_size: int) -> None:
+    """This worker's ``sys.stdout`` and ``sys.stderr``: each line prefixed with its rank (more
+    than one rank, or a template the user gave), and, in a kernel's forked worker (``sink``),
+    sent to the caller, which folds and shows them and keeps each rank's last line for the live
+    view (a single replica's too, unprefixed). Replicas that are threads of one process each
+    prefix their own thread's lines."""
+    prefixed = setup.line_prefix is not None and (world_size > 1 or setup.prefix_single)
+    if not prefixed and sink is None:
+        return
+    prefix = string.Template(setup.line_prefix or "").safe_substitute(
+        rank=rank, local_rank=local_rank, role_name="default") if prefixed else ""
+    lock = os.path.join(launch_dir.folder, OUTPUT_LOCK)  # every rank of the launch's
+    caller = {id(sys.stdout): "stdout", id(sys.__stdout__): "stdout",
+              id(sys.stderr): "stderr", id(sys.__stderr__): "stderr"}
+    if setup.threads_share_streams:
+        replaced = prefix_replica_thread(prefix, lock)
+    else:
+        replaced = True
+        live = sink.live_line if sink is not None else None
+        sys.stdout = PrefixedStream(sys.stdout, prefix, lock, live,
+                                    sink.lines("stdout") if sink is not None else None)
+        sys.stderr = PrefixedStream(sys.stderr, prefix, lock, live,
+                                    sink.lines("stderr") if sink is not None else None)
+    # Handlers made before the launch (a notebook's basicConfig) hold the caller's stream: in
+    # this worker they write through the prefixed one.
+    if replaced:
+        rebind_log_handlers({key: getattr(sys, name) for key, name in caller.items()})
 
 
 NO_STDIN = ("xlaunch workers have no stdin: input() cannot be answered from a worker. Read the "

@@ -5,7 +5,8 @@ their world their own way. Inside an xlaunch worker that world already exists, s
 
 - a script's ``init_process_group(...)`` replaces the launcher's group with the one it asked for:
   its backend and its timeout (nccl on a machine without GPUs fails, as under torchrun); on one
-  machine with the default ``env://`` it meets through a file, as the launcher's group did;
+  machine with the default ``env://`` it meets through a file, private as the launcher's group's
+  (`launch_dir.SCRIPT_GROUP_STORE`);
 - a script's ``xmp.spawn(fn, args)`` or ``torch_xla.launch(fn, args)`` runs ``fn(ordinal, *args)``
   in place: this process already is that replica, and a second spawn would find the runtime
   started ("Runtime is already initialized").
@@ -25,6 +26,7 @@ from typing import Any
 
 from xlaunch import _compat
 from xlaunch.names import STORE_DIR_VAR
+from xlaunch.worker.launch_dir import SCRIPT_GROUP_STORE, private_file
 
 
 def run_script(target: str, script_args: list[str], module: bool = False) -> None:
@@ -71,13 +73,22 @@ def _scripts_own_group() -> Iterator[None]:
         given = asked.arguments
         if store_dir and given.get("store") is None and given.get("init_method") is None:
             world = int(os.environ["WORLD_SIZE"])
-            given["store"] = dist.FileStore(os.path.join(store_dir, f"script-group-{next(stores)}"),
-                                            world)
+            given["store"] = dist.FileStore(_private_store(store_dir, next(stores)), world)
             given["rank"], given["world_size"] = int(os.environ["RANK"]), world
         return original(*asked.args, **asked.kwargs)
 
     with _compat.standing_in(dist, "init_process_group", init_process_group):
         yield
+
+
+def _private_store(folder: str, number: int) -> str:
+    """The file the script's ``number``-th group meets through, in the attempt's private folder:
+    created exclusively, 0600, by whichever rank comes first (torch's FileStore would create it
+    0644 under the user's umask); the others find it made."""
+    store = os.path.join(folder, SCRIPT_GROUP_STORE.format(number))
+    with contextlib.suppress(FileExistsError):
+        os.close(private_file(store))
+    return store
 
 
 @contextlib.contextmanager

@@ -60,10 +60,12 @@ def write_value(launch: LaunchDir, attempt: Path, value: Any) -> None:
     if views and not _room(place, sum(view.nbytes for view in views)):
         place = launch.spill(make=True) or place
     files = []
+    filled = None  # shared memory, once it filled up under an earlier buffer
     for index, view in enumerate(views):
         # Named for its attempt: a rank that died while sending leaves its files until the
         # launch ends, and the next attempt's rank sends its own.
-        file, place = _write_bytes(place, launch, VALUE.format(attempt.name, index), view)
+        file, now = _write_bytes(place, launch, VALUE.format(attempt.name, index), view, filled)
+        filled, place = (place if now != place else filled), now
         files.append(str(file))
     head = json.dumps({"files": files, "lengths": [view.nbytes for view in views]}).encode()
     body = len(head).to_bytes(8, "little") + head + stream.getbuffer()
@@ -80,17 +82,18 @@ def _room(folder: Path, size: int) -> bool:
     return room.f_bavail * room.f_frsize >= size + ROOM_TO_SPARE
 
 
-def _write_bytes(place: Path, launch: LaunchDir, name: str,
-                 view: memoryview) -> tuple[Path, Path]:
+def _write_bytes(place: Path, launch: LaunchDir, name: str, view: memoryview,
+                 filled: Path | None) -> tuple[Path, Path]:
     """Write one buffer to a private file in ``place``; when shared memory fills up, in the
-    launch's folder on disk instead. The file, and where the next buffer goes."""
+    launch's folder on disk instead. The file, and where the next buffer goes. ``filled``: the
+    place that filled up under an earlier buffer (an error names it too)."""
     try:
         _write_file(place / name, view)
         return place / name, place
     except OSError as full:
         spill = launch.spill(make=True) if full.errno in _FULL else None
         if spill is None or place == spill:
-            raise _not_sent(full, view, place, None) from None
+            raise _not_sent(full, view, place, filled) from None
     try:
         _write_file(spill / name, view)
     except OSError as error:
@@ -112,7 +115,9 @@ def _write_file(file: Path, view: memoryview) -> None:
 def _not_sent(error: OSError, view: memoryview, place: Path, first: Path | None) -> ValueNotSent:
     tried = f"{first} and then {place}" if first is not None else str(place)
     if error.errno in _FULL:
-        why = f"no room for its {view.nbytes} bytes: the file system of {tried} is full"
+        why = (f"no room for its {view.nbytes} bytes: the file system of {tried} is full"
+               if first is None else f"no room for its {view.nbytes} bytes: the file systems "
+               f"of {tried} are full")
     else:
         why = f"writing its {view.nbytes} bytes to {tried} failed: {error.strerror or error}"
     return ValueNotSent(error.errno, f"the function returned a value, but {why}. Free space "

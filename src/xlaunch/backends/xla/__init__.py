@@ -21,6 +21,7 @@ from typing import Any
 from xlaunch.backends.displays import DisplayRelay
 from xlaunch.backends.environment import launch_environment, xla_layer
 from xlaunch.backends.lines import FOLD_ENV
+from xlaunch.backends.live_view import live_view_on
 from xlaunch.backends.supervise import Starter, run_launch
 from xlaunch.backends.xla.replica import ReplicaJob
 from xlaunch.backends.xla.starter import XlaStarter
@@ -38,14 +39,14 @@ def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
     if spec.start_method != "fork":
         check_picklable(function, args)
     launch_dir = LaunchDir.create()
-    displays = relay_displays(plan, spec)
+    displays = relay_displays(plan, spec, launch_dir)
     path_env = xla_layer(spec, os.environ, launch_dir.folder)
     setup = WorkerSetup(
         launch_dir.folder, launch_environment(plan, os.environ, path_env),
-        # Two replicas sharing a process (v2/v3 threads) would share one prefixed stdout.
-        line_prefix=spec.line_prefix if spec.threads_per_process == 1 else None,
-        prefix_single=spec.line_prefix != XlaSpec.line_prefix,
-        display_fds=displays.fds if displays is not None else None)
+        line_prefix=spec.line_prefix, prefix_single=spec.line_prefix != XlaSpec.line_prefix,
+        display_fds=displays.fds if displays is not None else None,
+        # Replicas sharing a process (v2/v3 threads): each thread's lines get its own rank.
+        threads_share_streams=spec.threads_per_process > 1)
 
     def starter(number: int) -> Starter:
         job = ReplicaJob(function, args, setup, number, compile_cache=spec.compile_cache,
@@ -55,16 +56,19 @@ def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
     return run_launch(plan, launch_dir, spec.max_restarts, starter, displays)
 
 
-def relay_displays(plan: LaunchPlan, spec: XlaSpec) -> DisplayRelay | None:
+def relay_displays(plan: LaunchPlan, spec: XlaSpec, launch_dir: LaunchDir) -> DisplayRelay | None:
     """In a Jupyter kernel, forked replicas' displays (and text) reach the cell through the caller,
     as on the elastic path: one socket per replica process, each inherited through ``xmp.spawn``'s
-    fork (and a leader's). Not where replicas are threads of one process (v2/v3): they share the
-    kernel session a replica's displays are routed through (XLA's CPU device with several devices is
-    one process too). Not under spawn/forkserver."""
+    fork (and a leader's), and the live view of the ranks, read from the marks the replicas leave
+    in the launch folder (``XLAUNCH_LIVE_VIEW=0``: none). A rank's row shows once its replica
+    started (on a pod a host's replicas are not ranks 0..n-1). Not where replicas are threads of
+    one process (v2/v3): they share the kernel session a replica's displays are routed through
+    (XLA's CPU device with several devices is one process too). Not under spawn/forkserver."""
     if spec.start_method != "fork" or spec.threads_per_process != 1:
         return None
     fold = spec.line_prefix == XlaSpec.line_prefix and os.environ.get(FOLD_ENV, "1") != "0"
-    return DisplayRelay.for_kernel(plan.num_processes, fold)
+    return DisplayRelay.for_kernel(plan.num_processes, fold,
+                                   launch_dir.folder if live_view_on() else None)
 
 
 def require_torch_xla() -> None:
