@@ -59,14 +59,21 @@ def write_value(launch: LaunchDir, attempt: Path, value: Any) -> None:
     place = Path(launch.folder)
     if views and not _room(place, sum(view.nbytes for view in views)):
         place = launch.spill(make=True) or place
-    files = []
+    files: list[str] = []
     filled = None  # shared memory, once it filled up under an earlier buffer
-    for index, view in enumerate(views):
-        # Named for its attempt: a rank that died while sending leaves its files until the
-        # launch ends, and the next attempt's rank sends its own.
-        file, now = _write_bytes(place, launch, VALUE.format(attempt.name, index), view, filled)
-        filled, place = (place if now != place else filled), now
-        files.append(str(file))
+    try:
+        for index, view in enumerate(views):
+            # Named for its attempt: a rank that died while sending leaves its files until the
+            # launch ends, and the next attempt's rank sends its own.
+            file, now = _write_bytes(place, launch, VALUE.format(attempt.name, index), view,
+                                     filled)
+            filled, place = (place if now != place else filled), now
+            files.append(str(file))
+    except BaseException:  # the bytes are of no use now: their room goes to the rank's record
+        for written in files:
+            with contextlib.suppress(OSError):
+                os.unlink(written)
+        raise
     head = json.dumps({"files": files, "lengths": [view.nbytes for view in views]}).encode()
     body = len(head).to_bytes(8, "little") + head + stream.getbuffer()
     atomic_write(attempt / RESULT, body + _COMMIT + len(body).to_bytes(8, "little"))
