@@ -311,8 +311,8 @@ def test_a_rank_killed_while_sending_its_result_is_the_root_cause_never_none(
 # - "direct": write_value itself, its room check told to say yes, against a 4 MiB /dev/shm;
 # - "checked": a launch whose 16 MiB value does not pass the room check of a 4 MiB /dev/shm;
 # - "launch": a launch whose 256 MiB value passes the room check of a 600 MiB /dev/shm, which
-#   the caller shrinks (a remount) once rank 0's first buffer is there: the writes after it meet
-#   ENOSPC, as when another program fills /dev/shm meanwhile.
+#   the caller shrinks (a remount) once rank 0's first buffer is there: the writes after it find no
+#   room (or meet ENOSPC), as when another program fills /dev/shm meanwhile.
 FULL = """
     import ctypes, json, os, sys, tempfile, threading, time, torch, xlaunch
     from pathlib import Path

@@ -60,9 +60,14 @@ def write_value(launch: LaunchDir, attempt: Path, value: Any) -> None:
     if views and not _room(place, sum(view.nbytes for view in views)):
         place = launch.spill(make=True) or place
     files: list[str] = []
-    filled = None  # shared memory, once it filled up under an earlier buffer
+    filled = None  # shared memory, once it filled up (or had no room) under an earlier buffer
     try:
         for index, view in enumerate(views):
+            if filled is None and index and not _room(place, view.nbytes):
+                # Something else took shared memory meanwhile: the rest goes to disk, and the
+                # room left there stays for the records (the value's own, a failure's).
+                spill = launch.spill(make=True)
+                filled, place = (place, spill) if spill not in (None, place) else (None, place)
             # Named for its attempt: a rank that died while sending leaves its files until the
             # launch ends, and the next attempt's rank sends its own.
             file, now = _write_bytes(place, launch, VALUE.format(attempt.name, index), view,
