@@ -305,6 +305,16 @@ def test_the_plan_reads_the_variables_it_is_given_not_the_process_s(
     assert any("GLOO_SOCKET_IFNAME=eth0" in note for note in given.notes)
 
 
+def test_gpu_and_cpu_workers_tell_accelerate_and_transformers_not_to_take_xla(tpu) -> None:
+    """Where torch_xla is installed (Colab's TPU runtime), accelerate and transformers take XLA
+    for the device unless USE_TORCH_XLA says no (tests/test_accelerate_options.py runs it on the
+    notebook Pythons' venvs, which hold torch_xla)."""
+    assert plan(CPU, num_processes=2).worker_variables()["USE_TORCH_XLA"] == "0"
+    assert plan(Environment("local", "cuda", 2)).worker_variables()["USE_TORCH_XLA"] == "0"
+    assert "USE_TORCH_XLA" not in plan(tpu).worker_variables()  # XLA replicas use it
+    assert "USE_TORCH_XLA" not in plan(CPU).worker_variables()  # the caller's own process
+
+
 def test_the_core_tier_launches_on_the_cpu_whatever_the_machine_has() -> None:
     """tests/conftest.py: a core test's "2 processes" are CPU processes, GPUs present or not."""
     assert os.environ.get("XLAUNCH_ACCELERATOR") == "cpu"

@@ -151,6 +151,14 @@ class LaunchPlan:
 
         accelerate's are set only for what was asked (a precision, CPU processes): a variable
         the user set for accelerate stays when the launch asks nothing.
+
+        Worker processes that are no XLA replicas (GPU, CPU, TorchTPU) get ``USE_TORCH_XLA=0``,
+        the switch accelerate and transformers document for "a native pytorch job in an
+        environment with torch xla installed": where torch_xla is installed (Colab's and Kaggle's
+        TPU runtimes) they would otherwise take XLA for the device, and every rank would be rank 0
+        of a world of 1 on ``xla:0``. A one-process launch runs in the caller's own process: it
+        is left alone there. Both read it when first imported: an accelerate imported in the
+        caller before a forked launch keeps what it read there.
         """
         variables: dict[str, str] = {MIXED_PRECISION_VAR: self.mixed_precision}
         if not isinstance(self.spec, XlaSpec):  # an XLA replica's world names its device
@@ -159,6 +167,8 @@ class LaunchPlan:
             variables["ACCELERATE_MIXED_PRECISION"] = self.mixed_precision
         if self.accelerator == "cpu" and not isinstance(self.spec, XlaSpec):
             variables["ACCELERATE_USE_CPU"] = "True"  # ``accelerate launch --cpu``
+        if isinstance(self.spec, ElasticSpec):
+            variables["USE_TORCH_XLA"] = "0"
         return variables
 
     def summary(self) -> str:
