@@ -116,6 +116,17 @@ def supervise(launch: Supervised, timeout: float | None) -> bool:
     timed_out = False
     try:
         thread.start()
+    except RuntimeError:
+        # No thread could start (CPython 3.12.0 and 3.12.1 refuse new threads once the interpreter
+        # is shutting down, in an atexit handler; a system out of threads refuses too): nothing
+        # ran, so nothing is stopped or waited for (waiting for it hung for ever).
+        raise
+    except BaseException:  # the stop button as the thread started: it may be running
+        with signals_deferred():
+            if launch.stop():
+                finished.wait()
+        raise
+    try:
         while not finished.wait(POLL_S):
             launch.check()
             if not timed_out and deadline is not None and time.monotonic() >= deadline:
