@@ -194,7 +194,7 @@ notebook_tests() {
 # CPython 3.13 of this machine's serves; with neither, the tier says SKIPPED and torch_xla 2.9 runs
 # on this machine's python3.
 py313_tier() {
-  local root py why
+  local root py
   if root=$(debian_root trixie requirements/py313-debian.txt); then
     py=$(root_venv "$root" python3.13 py313 requirements/py313.txt requirements/xla-test.txt)
     in_root_pip "$root" "$py" --no-deps -e .
