@@ -16,13 +16,13 @@ debian_root() {
   local suite="$1" packages="$2" key root log include tool
   key=$({ echo "$suite"; cat "$packages"; } | sha256sum | cut -c1-12)
   root="$CACHE_DIR/root-$suite-$key"
+  if [ "$(id -u)" != 0 ]; then
+    echo "a Debian $suite root needs root (debootstrap, chroot, mounts); CI runs as root"
+    return 1
+  fi
   if [ -f "$root/.complete" ]; then
     echo "$root"
     return 0
-  fi
-  if [ "$(id -u)" != 0 ]; then
-    echo "making a Debian $suite root needs root (debootstrap, chroot, mounts); CI runs as root"
-    return 1
   fi
   for tool in unshare chroot mount; do
     if ! command -v "$tool" >/dev/null; then
