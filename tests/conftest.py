@@ -23,3 +23,15 @@ def _the_cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
         return
     if request.node.get_closest_marker("any_accelerator") is None:
         monkeypatch.setenv("XLAUNCH_ACCELERATOR", "cpu")
+
+
+@pytest.fixture
+def no_tpu_runtime_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packages as the core tier's own venv has them: torch, and no torch_xla, torch-tpu or
+    libtpu. A test that describes such a machine asks for this: the notebooks' Pythons run the
+    core tests in a venv that holds torch_xla too, as Colab's and Kaggle's TPU runtimes do."""
+    from xlaunch.detect import runtime
+
+    none = {"torch_xla": None, "torch-tpu": None, "libtpu": None}
+    versions = tuple({**dict(runtime._installed()), **none}.items())
+    monkeypatch.setattr(runtime, "_installed", lambda: versions)

@@ -27,7 +27,7 @@ def expect(
     legacy_tpu_node: bool,
     xla_device: str | None,
     tpu_holders: tuple = (),  # a fake machine's device files are held by nobody
-    tpu_runtime: str | None = None,  # the core tier's venv holds neither torch_xla nor torch-tpu
+    tpu_runtime: str | None = None,  # neither torch_xla nor torch-tpu installed (test_detect)
     tpu_hosts: tuple = (),
     tpu_host_index: int | None = None,
 ) -> Environment:
@@ -182,6 +182,7 @@ OVERRIDES = [
 
 
 @pytest.mark.parametrize(("machine", "environ", "expected"), MACHINES + OVERRIDES)
+@pytest.mark.usefixtures("no_tpu_runtime_installed")
 def test_detect(tmp_path: Path, machine: dict, environ: dict, expected: Environment) -> None:
     assert detect(environ, root=fake_machine(tmp_path, **machine)) == expected
 

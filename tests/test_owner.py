@@ -130,17 +130,49 @@ FROM_ATEXIT = """
 """
 
 
+# CPython 3.12.0 and 3.12.1 refuse new threads and fork() from the start of the interpreter's
+# shutdown, atexit handlers included; 3.12.2 refuses them only after every other thread ended
+# (cpython gh-113964), as 3.11 and 3.13 do.
+NO_THREADS_AT_EXIT = sys.implementation.name == "cpython" and sys.version_info[:3] in (
+    (3, 12, 0), (3, 12, 1))
+
+
 @pytest.mark.parametrize("method", ["default", "spawn"])
 def test_a_first_launch_from_an_atexit_handler_works(tmp_path: Path, method: str):
     """torch's first import registers exit hooks as it goes (concurrent.futures.thread's threading
-    hook, weakref.finalize's), which Python refuses, or never runs, once it is shutting down."""
+    hook, weakref.finalize's), which Python refuses, or never runs, once it is shutting down.
+    Where Python refuses the launch its thread, the launch ends at once with Python's reason."""
     script = tmp_path / "from_atexit.py"
     script.write_text(textwrap.dedent(FROM_ATEXIT))
     done = subprocess.run([sys.executable, str(script), method], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "XLAUNCH_ACCELERATOR": "cpu"})
+    if NO_THREADS_AT_EXIT:  # it used to wait for ever for the thread that never started
+        assert "can't create new thread at interpreter shutdown" in done.stderr, done.stderr[-3000:]
+        assert done.stdout == "", done.stdout
+        return
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["[2.0, 2.0]"], done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+@pytest.mark.timeout(60)
+def test_a_launch_whose_thread_cannot_start_raises_at_once(monkeypatch: pytest.MonkeyPatch):
+    """Python refuses the launch its thread (no room for one; 3.12.0-1 in an atexit handler):
+    the launch raises Python's error at once, with nothing started (it waited for ever)."""
+    start = threading.Thread.start
+
+    def refused(thread: threading.Thread) -> None:
+        if thread.name == "xlaunch-launch":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        notebook_launcher(sleep_then_rank, args=(0,), num_processes=2)
+    assert time.monotonic() - began < 30
+    monkeypatch.undo()
+    assert notebook_launcher(sleep_then_rank, args=(0,), num_processes=2) == 0  # and the next works
+
 
 def held_by_its_thread():
     import torch.distributed as dist

@@ -98,10 +98,11 @@ def test_a_pod_slice_is_read_from_gce_variables(tmp_path: Path) -> None:
     assert (env.tpu_hosts, env.tpu_host_index) == ((), None)
 
 
+@pytest.mark.usefixtures("no_tpu_runtime_installed")
 def test_env_names_the_install_line_when_no_runtime_fits(tmp_path: Path) -> None:
     from xlaunch.cli.env import env_report, format_report
 
-    # This tier's venv: neither torch_xla nor torch-tpu; which line fits depends on its torch.
+    # Neither torch_xla nor torch-tpu installed; which line fits depends on this venv's torch.
     v5e = env_report(KAGGLE, root=fake_machine(tmp_path, tpu_chips=8, tpu_device="0x0063", dev="vfio"))
     assert v5e["environment"]["tpu_runtime"] is None
     fits = torch_tpu_line() if (2, 11) <= torch_release() <= (2, 15) else f"=={xla_pin()}"

@@ -119,3 +119,19 @@ def test_overlay_restores_on_an_exception_too(monkeypatch, raised):
             if raised:
                 raise RuntimeError
     assert dict(os.environ) == before
+
+
+def test_gpu_and_cpu_workers_tell_accelerate_and_transformers_not_to_take_xla(tmp_path):
+    """Where torch_xla is installed (Colab's TPU runtime), accelerate and transformers take XLA
+    for the device unless USE_TORCH_XLA says no (tests/test_accelerate_options.py runs it on the
+    notebook Pythons' venvs, which hold torch_xla)."""
+    machine = Machine(cores=4, memory_available=None)
+    gpus = make_plan(detect({"XLAUNCH_ACCELERATOR": "cuda", "CUDA_VISIBLE_DEVICES": "0,1"},
+                            root=fake_machine(tmp_path / "gpus", gpus=2)), LaunchOptions(), machine, {})
+    xla = make_plan(detect({"XLAUNCH_ACCELERATOR": "xla", "PJRT_DEVICE": "CPU"},
+                           root=fake_machine(tmp_path / "xla")), LaunchOptions(), machine, {})
+    one = make_plan(detect({"XLAUNCH_ACCELERATOR": "cpu"}), LaunchOptions(), machine, {})
+    assert launch_environment(cpu_plan(), {})["USE_TORCH_XLA"] == "0"
+    assert launch_environment(gpus, {})["USE_TORCH_XLA"] == "0"
+    assert "USE_TORCH_XLA" not in launch_environment(xla, {})  # XLA replicas use it
+    assert "USE_TORCH_XLA" not in launch_environment(one, {})  # the caller's own process

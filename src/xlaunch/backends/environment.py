@@ -8,7 +8,9 @@ Five layers, each later one winning over the ones before it:
    presets, which break torch_xla's multi-process layout);
 2. the launch's (`launch_environment`, from the plan): the mixed precision and the device that
    `ProcessState` reads, accelerate's names for the same options (``accelerate launch`` sets them:
-   an ``Accelerator()`` in the function reads them), torch's threads per CPU process, and the
+   an ``Accelerator()`` in the function reads them), ``USE_TORCH_XLA=0`` in GPU, CPU and TorchTPU
+   workers (accelerate and transformers would take XLA where torch_xla is installed), torch's
+   threads per CPU process, and the
    interface a one-machine group meets on. The last two are defaults: a value the caller set wins;
 3. the path's own, made as the launch starts (`launch_environment` too): torch_xla's device and
    chip layout, which ``xmp.spawn`` reads in the process that calls it (the caller's
@@ -89,6 +91,12 @@ def launch_environment(plan: LaunchPlan, caller: Mapping[str, str],
         if plan.accelerator == "cpu":
             values["ACCELERATE_USE_CPU"] = "True"  # ``accelerate launch --cpu``
     if isinstance(spec, ElasticSpec):
+        # What accelerate and transformers read as "a native pytorch job in an environment with
+        # torch xla installed": where torch_xla is installed (Colab's and Kaggle's TPU runtimes)
+        # they would otherwise take XLA, every rank rank 0 of a world of 1 on xla:0. Read when
+        # they are first imported: one imported in the caller before a forked launch keeps what
+        # it read there. A one-process launch, in the caller's own process, is left alone.
+        values["USE_TORCH_XLA"] = "0"
         if spec.socket_ifname is not None:
             values.update({name: spec.socket_ifname for name in SOCKET_IFNAMES
                            if name not in caller})

@@ -282,18 +282,32 @@ def supervise(attempt: Attempt, timeout: float | None) -> bool:
     timed_out = False
     try:
         thread.start()
+    except RuntimeError:
+        # No thread could start (CPython 3.12.0 and 3.12.1 refuse new threads once the interpreter
+        # is shutting down, in an atexit handler; a system out of threads refuses too): nothing
+        # ran, so nothing is stopped or waited for (waiting for it hung for ever).
+        raise
+    except BaseException:  # the stop button as the thread started: it may be running
+        _stop(attempt, finished)
+        raise
+    try:
         while not finished.wait(CHECK_S):
             attempt.check()
             if not timed_out and deadline is not None and time.monotonic() >= deadline:
                 timed_out = True
                 attempt.expire()
     except BaseException:
-        with signals_deferred():
-            if attempt.stop():
-                finished.wait()
+        _stop(attempt, finished)
         raise
     thread.join()  # the thread has finished its work; this only lets it end
     return timed_out
+
+
+def _stop(attempt: Attempt, finished: threading.Event) -> None:
+    """Interrupted: stop the attempt, and wait for its thread where it is about to end."""
+    with signals_deferred():
+        if attempt.stop():
+            finished.wait()
 
 
 @contextlib.contextmanager
