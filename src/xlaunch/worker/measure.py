@@ -9,32 +9,31 @@ import os
 import resource
 import sys
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from xlaunch._compat import dynamo_counts
 from xlaunch.result.report import RankReport
-from xlaunch.worker.launch_dir import REPORT, atomic_write
+from xlaunch.worker.launch_dir import REPORT, write_private
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident memory (VmHWM), the figure the OOM killer's victims reach."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    """This process's peak resident memory, the figure the OOM killer's victims reach: Linux's
+    ``ru_maxrss`` is the high-water mark /proc calls VmHWM (KiB; bytes on macOS), one system
+    call where reading /proc cost 0.4 ms a rank."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def write_rank_report(attempt: Path, rank: int, wall_seconds: float,
                       extra: Mapping[str, Any]) -> None:
+    """The rank's report, one small file. Read once the rank's process has ended: a report cut
+    short by its death is not read (its rank is reported by the owner's records anyway)."""
     report = RankReport(rank=rank, wall_seconds=wall_seconds, peak_rss_bytes=peak_rss_bytes(),
                         **extra)
-    record = {"pid": os.getpid(), "report": json.loads(report.to_json())}
-    atomic_write(attempt / REPORT.format(rank), json.dumps(record))
+    write_private(attempt / REPORT.format(rank),
+                  json.dumps({"pid": os.getpid(), "report": asdict(report)}))
 
 
 def dynamo_since(baseline: Mapping[str, Any] | None) -> dict[str, Any]:
