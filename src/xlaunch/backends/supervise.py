@@ -19,8 +19,9 @@ Everything that forks, imports torch or waits on the engine runs in a launch thr
 own thread only waits on it, so the stop button (SIGINT, raised as KeyboardInterrupt in the main
 thread) never lands inside a fork, an at-fork hook or a half-finished import of torch, where it
 would be swallowed or leave a broken module behind. When it lands, the launch is stopped and the
-interrupt raised; a launch that had not started any process yet is abandoned at once (its thread
-finishes the import or the meeting it was in, and starts nothing).
+interrupt raised; a launch that had not started any process yet is abandoned at once, at the stop
+button and at the deadline alike (its thread finishes the import or the meeting it was in, and
+starts nothing).
 """
 
 from __future__ import annotations
@@ -114,11 +115,14 @@ class Attempt:
         if not self._finished.is_set() and self.starter.must_stop(self):
             self.stop_all()
 
-    def expire(self) -> None:
-        """The deadline passed: where each rank stood, then every process stopped."""
+    def expire(self) -> bool:
+        """The deadline passed: where each rank stood, then every process stopped. True when the
+        launch thread is about to end (as `stop`)."""
         self.settled_at_deadline = settled(self.folder)
         self.launch_dir.cancel()
-        owner = self.owner
+        with self._gate:
+            self._cancelled = True
+            owner = self.owner
         if owner is not None:
             pids = worker_pids(self.folder)
             asked = set(owner.ask_stacks(set(pids.values())))
@@ -128,6 +132,7 @@ class Attempt:
             self.stacks = {rank: stacks.get(rank) or by_pid.get(pid) or "(no stack arrived)"
                            for rank, pid in pids.items() if pid in asked}
         self.stop_all()
+        return owner is not None or self._prepared
 
     def stop(self) -> bool:
         """Interrupted: stop everything. True when the launch thread is about to end (to wait
@@ -277,7 +282,9 @@ def supervise(attempt: Attempt, timeout: float | None) -> bool:
         finally:
             finished.set()
 
-    thread = threading.Thread(target=run, name="xlaunch-launch")
+    # A daemon: the caller waits for it whenever it started a process; a thread abandoned in a
+    # meeting must not hold the caller's interpreter at its exit.
+    thread = threading.Thread(target=run, name="xlaunch-launch", daemon=True)
     deadline = None if timeout is None else time.monotonic() + timeout
     timed_out = False
     try:
@@ -295,7 +302,11 @@ def supervise(attempt: Attempt, timeout: float | None) -> bool:
             attempt.check()
             if not timed_out and deadline is not None and time.monotonic() >= deadline:
                 timed_out = True
-                attempt.expire()
+                if not attempt.expire():
+                    # Still importing or meeting the other nodes, in a C call nothing can cut
+                    # short (a store connecting tries again after its own timeout): abandoned, as
+                    # at the stop button; it starts nothing when it returns.
+                    return True
     except BaseException:
         _stop(attempt, finished)
         raise

@@ -89,6 +89,9 @@ class NodeRendezvous:
                 backend=self.spec.rdzv_backend, endpoint=self.endpoint, run_id=self.spec.rdzv_id,
                 min_nodes=self.plan.num_nodes, max_nodes=self.plan.num_nodes, **self._conf())
             self.handler = rendezvous_handler_registry.create_handler(parameters)
+        if self._closed.is_set():  # the launch ended (its timeout) while the handler was made
+            self.close()
+            raise RuntimeError("the launch ended before the nodes met")
         return self.handler
 
     def _conf(self) -> dict[str, Any]:
@@ -163,6 +166,13 @@ class NodeRendezvous:
                 f"after {read} s: rdzv_conf={{'read_timeout': seconds}} or timeout= change it; "
                 f"torch tries twice when this machine may be the one to host it); the meeting "
                 f"{meeting}")
+
+    def waiting(self) -> str:
+        """What a node that has not met the others waits for (a timeout's error says it)."""
+        store = (", whose store there had not answered" if self.spec.rdzv_backend == "c10d"
+                 and self.handler is None else "")
+        return (f"the {self.plan.num_nodes} nodes to meet at {self.endpoint} (torch elastic's "
+                f"{self.spec.rdzv_backend} rendezvous{store})")
 
     def _say_while_waiting(self, met: threading.Event) -> None:
         started, wait = time.monotonic(), SAY_WAITING_AFTER_S

@@ -32,6 +32,7 @@ class Nodes(Protocol):
     def report_failure(self, attempt: int, rank_exit: RankExit) -> None: ...
     def failed_elsewhere(self, attempt: int) -> str | None: ...
     def after(self, attempt: int, exits: Sequence[RankExit], timed_out: bool) -> NodeFacts: ...
+    def waiting(self) -> str: ...
 
 
 class DistStarter:
@@ -101,5 +102,7 @@ class DistStarter:
         silence), for the judge to lead with the first failure wherever it happened."""
         if self.nodes is None:
             return outcome
+        waited_for = self.nodes.waiting() if self.world is None else ""  # they never met
         return dataclasses.replace(outcome, nodes=self.nodes.after(attempt.number, outcome.exits,
-                                                                   outcome.timed_out))
+                                                                   outcome.timed_out),
+                                   waited_for=waited_for)
