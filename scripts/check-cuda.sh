@@ -2,7 +2,11 @@
 # The CUDA path on a machine with GPUs (for maintainers, and a lent GPU machine): xlaunch env,
 # xlaunch check (a real NCCL group, one GPU included), the demo, a count above the GPUs refused,
 # bf16 autocast on CUDA, a CPU launch on this GPU machine on the CPU, and the core suite with the
-# GPUs present. Its own venv, as scripts/test.sh makes them: torch from the registry, a CUDA build.
+# GPUs present, and a launch after CUDA was initialised (spawned by default, fork refused by name).
+# Its own venv, as scripts/test.sh makes them: torch from the registry, a CUDA build. On a machine
+# that cannot reach the registry (a lent GPU machine), XLAUNCH_CUDA_PYTHON=/path/to/python uses
+# that Python's own torch instead (this checkout installed into it without its dependencies; the
+# suite's step needs pytest, psutil and cloudpickle there, and says so where they are missing).
 # Without nvidia-smi there is nothing to check: it says so and exits 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +17,12 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
 fi
 . scripts/_venv.sh
 
-PY=$(checkout_venv cuda requirements/cuda.txt)
+if [ -n "${XLAUNCH_CUDA_PYTHON:-}" ]; then
+  PY=$XLAUNCH_CUDA_PYTHON
+  install_here "$PY"
+else
+  PY=$(checkout_venv cuda requirements/cuda.txt)
+fi
 BIN=$(dirname "$PY")
 status=0
 step() {  # step NAME COMMAND...: run it, say ok or FAILED, keep going
@@ -70,7 +79,27 @@ for count in (1, 2):
 step "xlaunch check, one CPU process, on this GPU machine (a gloo group of one)" \
   env XLAUNCH_ACCELERATOR=cpu "$BIN/xlaunch" check --num-processes 1
 
-step "core tests (GPUs present)" "$PY" -m pytest tests --ignore=tests/xla --ignore=tests/notebooks \
-  --ignore=tests/torch_tpu -q -p no:cacheprovider
+step "after CUDA was initialised: the default launch spawns, fork asked for by name is refused" \
+  "$PY" -c '
+import torch, xlaunch
+torch.cuda.init()
+def device():
+    return str(xlaunch.ProcessState().device)
+assert xlaunch.notebook_launcher(device, num_processes=torch.cuda.device_count()) == "cuda:0"
+try:
+    xlaunch.notebook_launcher(device, num_processes=torch.cuda.device_count(), start_method="fork")
+except (ValueError, RuntimeError) as refused:
+    assert "CUDA" in str(refused), refused
+else:
+    assert torch.cuda.device_count() == 1, "a forked launch after CUDA was initialised ran"
+'
+
+if "$PY" -c 'import pytest, psutil, cloudpickle' 2>/dev/null; then
+  step "core tests (GPUs present)" "$PY" -m pytest tests --ignore=tests/xla --ignore=tests/notebooks \
+    --ignore=tests/torch_tpu --ignore=tests/browser --ignore=tests/hosts -q -p no:cacheprovider
+else
+  echo "=== core tests SKIPPED: $PY lacks pytest, psutil or cloudpickle"
+  status=1
+fi
 
 exit "$status"

@@ -152,7 +152,10 @@ fi
 # and iproute2, as CI runs). Where they cannot be made, pytest's -rs line says why, and the tier
 # says SKIPPED.
 if [ -d tests/hosts ] && wanted hosts; then
-  run_tier "multi-host tier (network namespaces)" "$PY" -m pytest tests/hosts -q -rs -p no:cacheprovider
+  why=$("$PY" -c 'from tests.hosts.netns import why_no_hosts; print(why_no_hosts() or "")')
+  if [ -n "$why" ]; then echo "=== multi-host tier SKIPPED: $why"; else
+    run_tier "multi-host tier (network namespaces)" "$PY" -m pytest tests/hosts -q -rs -p no:cacheprovider
+  fi
 fi
 if [ -d tests/notebooks ] && wanted notebooks; then
   run_tier "notebook tests (real Jupyter kernel)" "$PY" -m pytest tests/notebooks -q -p no:cacheprovider

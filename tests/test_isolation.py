@@ -98,6 +98,21 @@ def test_the_sweep_removes_only_this_users_directories_of_dead_launchers(tmp_pat
     assert theirs_dead.exists() == (os.getuid() == 0)  # only root can make another user's here
 
 
+def test_the_sweep_leaves_a_folder_of_another_pid_namespace(tmp_path: Path) -> None:
+    """A container sharing /dev/shm and a user id: its launcher's pid means nothing here, so its
+    folder is not judged (this namespace's is, by the same dead pid)."""
+    from xlaunch.worker.launch_dir import _pid_namespace
+
+    probe = subprocess.Popen(["true"])
+    probe.wait()
+    here = tmp_path / f"{PREFIX}{probe.pid}-{_pid_namespace()}-abc"
+    elsewhere = tmp_path / f"{PREFIX}{probe.pid}-1{_pid_namespace()}-abc"
+    for folder in (here, elsewhere):
+        folder.mkdir()
+    sweep_stale(tmp_path)
+    assert not here.exists() and elsewhere.exists()
+
+
 class Recorded:
     """A stream that keeps each write it receives."""
 

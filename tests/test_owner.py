@@ -263,7 +263,7 @@ def raises_a_huge_message():
 
 
 def test_a_huge_message_is_cut_and_its_start_kept_in_the_users_cache(tmp_path, monkeypatch):
-    from xlaunch.worker.launch_dir import KEPT_TEXT_BYTES
+    from xlaunch.worker.private import KEPT_TEXT_BYTES
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     with pytest.raises(LaunchError) as caught:

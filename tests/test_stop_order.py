@@ -19,7 +19,7 @@ from xlaunch.backends.processes import ProcessEnd, ProcessSet
 from xlaunch.backends.supervise import Attempt, supervise
 from xlaunch.plan.specs import InlineSpec, LaunchPlan
 from xlaunch.result.outcome import Outcome, RankExit
-from xlaunch.worker.launch_dir import LaunchDir, Mark, note, write_pid
+from xlaunch.worker.launch_dir import CANCELLED, LaunchDir, Mark, note, write_pid
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc"), reason="Linux's /proc")
 
@@ -57,7 +57,7 @@ class Starter:
 
     def start(self, attempt: Attempt, owner: ProcessSet) -> None:
         processes = [owner.start("fork", worker, (str(attempt.folder),
-                                                  str(attempt.launch_dir.cancel_marker), rank),
+                                                  str(attempt.folder / CANCELLED), rank),
                                  f"rank-{rank}") for rank in range(2)]
         pending = list(processes)
         while pending:

@@ -308,8 +308,11 @@ def test_a_rank_killed_while_sending_its_result_is_the_root_cause_never_none(
 # bytes go to the launch's spill folder on disk; both full is an error naming the full file
 # systems.
 # In a private mount namespace: /dev/shm and the temporary directory are tmpfs of its own.
-# - "direct": write_value itself, its room check told to say yes, against a 4 MiB /dev/shm;
-# - "checked": a launch whose 16 MiB value does not pass the room check of a 4 MiB /dev/shm;
+# - "direct": write_value itself, its room check told to say yes, against a 24 MiB /dev/shm;
+# - "checked": a launch whose 32 MiB value does not pass the room check of a 24 MiB /dev/shm;
+# - "small parts": the same for a value of many small tensors (48 MiB of 32 KiB each, which
+#   travel inside the pickle stream: the stream is written as a large buffer is);
+# - "shm full": a launch with a /dev/shm of 4 MiB, nearly full: its folder is on disk;
 # - "launch": a launch whose 256 MiB value passes the room check of a 600 MiB /dev/shm, which
 #   the caller shrinks (a remount) once rank 0's first buffer is there: the writes after it find no
 #   room (or meet ENOSPC), as when another program fills /dev/shm meanwhile.
@@ -322,8 +325,8 @@ FULL = """
     def shm_size(size):  # mount -o remount,size=... /dev/shm
         return libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 32, f"size={size}".encode()) == 0
     facts = {}
-    assert shm_size(4 * 2**20)
-    big = torch.arange(4 * 2**20, dtype=torch.float32)  # 16 MiB, /dev/shm holds 4
+    assert shm_size(24 * 2**20)
+    big = torch.arange(8 * 2**20, dtype=torch.float32)  # 32 MiB, /dev/shm holds 24
     value_module.ROOM_TO_SPARE = -2**40  # the room check says yes: the write itself meets ENOSPC
     launch = LaunchDir.create()
     attempt = launch.attempt_dir(0)
@@ -344,6 +347,11 @@ FULL = """
             facts[facts_key] = ["error", error.root_cause.rank, error.root_cause.exc_type,
                                 str(error)]
     launched("checked", big, lambda back: torch.equal(back, big))
+    parts = [torch.full((2**13,), float(i)) for i in range(1536)]  # 32 KiB each: 48 MiB
+    launched("small parts", parts, lambda back: len(back) == len(parts)
+             and all(torch.equal(a, b) for a, b in zip(back, parts)))
+    assert shm_size(4 * 2**20)
+    launched("shm full", torch.ones(4), lambda back: torch.equal(back, torch.ones(4)))
     assert shm_size(600 * 2**20)
     many = [torch.full((2**18,), float(i)) for i in range(256)]  # 256 buffers of 1 MiB
     seen = {"on disk": set()}
@@ -396,13 +404,16 @@ def test_a_full_shared_memory_falls_back_to_disk_or_names_the_full_file_systems(
     if disk != "8m":  # room on disk: the value arrives whole, nothing half-written stays
         assert facts["direct"] == [True, True, []], facts
         assert facts["checked"] == ["value", True], facts
+        assert facts["small parts"] == ["value", True], facts
+        assert facts["shm full"] == ["value", True], facts
         assert facts["launch"] == ["value", True], facts
         assert facts["on disk"] > 0, facts  # the buffers after the remount went to disk
         return
     kind, name, text = facts["direct"]
     assert (kind, name) == ("error", "ValueNotSent"), facts
     assert "/dev/shm" in text and str(temp) in text and "full" in text, text
-    for half in ("checked", "launch"):
+    assert facts["shm full"] == ["value", True], facts  # a few bytes: room on the 8 MiB disk
+    for half in ("checked", "small parts", "launch"):
         assert facts[half][:3] == ["error", 0, "ValueNotSent"], facts
         assert "full" in facts[half][3] and "TypeError" not in facts[half][3], facts
         assert str(temp) in facts[half][3], facts
@@ -467,17 +478,17 @@ def test_a_rank_in_c_code_at_the_timeout_is_a_timeout_every_time(tmp_path: Path)
 
 
 def test_a_kept_failure_text_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from xlaunch.worker import launch_dir
+    from xlaunch.worker import private
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    for number in range(launch_dir.KEPT_TEXTS + 5):
+    for number in range(private.KEPT_TEXTS + 5):
         source = tmp_path / f"failure-{number}.txt"
-        source.write_bytes(b"y" * (launch_dir.KEPT_TEXT_BYTES + 10))
-        kept = launch_dir.keep_whole_text(source, rank=number)
+        source.write_bytes(b"y" * (private.KEPT_TEXT_BYTES + 10))
+        kept = private.keep_whole_text(source, rank=number)
         assert kept is not None
-    texts = list(launch_dir.failures_folder().glob("rank*.txt"))
-    assert len(texts) == launch_dir.KEPT_TEXTS  # the newest only
-    assert all(t.stat().st_size < launch_dir.KEPT_TEXT_BYTES + 100 for t in texts)
+    texts = list(private.failures_folder().glob("rank*.txt"))
+    assert len(texts) == private.KEPT_TEXTS  # the newest only
+    assert all(t.stat().st_size < private.KEPT_TEXT_BYTES + 100 for t in texts)
     assert all(stat.S_IMODE(t.stat().st_mode) == 0o600 for t in texts)
 
 

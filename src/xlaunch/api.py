@@ -113,16 +113,14 @@ def notebook_launcher(
         What ``function`` returned in this machine's local process 0, tensors moved to the CPU.
     """
     __tracebackhide__ = True  # IPython shows the user's call, then the message, not this frame
-    args = _check_args(function, args)
-    options = LaunchOptions(
+    return _launch(function, args, lambda: LaunchOptions(
         num_processes=num_processes, mixed_precision=mixed_precision, use_port=use_port,
         master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes,
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
         rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
         log_line_prefix_template=log_line_prefix_template, timeout=timeout,
         start_method=start_method, compile_cache=compile_cache, report=report,
-        stop_grace=stop_grace, spmd=spmd)
-    return run_plan(plan_here(options), function, args)
+        stop_grace=stop_grace, spmd=spmd))
 
 
 launch = notebook_launcher
@@ -138,10 +136,21 @@ def debug_launcher(
 ) -> Any:
     """Run ``function(*args)`` in ``num_processes`` CPU processes over gloo, whatever the machine."""
     __tracebackhide__ = True
-    args = _check_args(function, args)
-    options = LaunchOptions(num_processes=num_processes, timeout=timeout, cpu_only=True,
-                            stop_grace=stop_grace)
-    return run_plan(plan_here(options), function, args)
+    return _launch(function, args, lambda: LaunchOptions(
+        num_processes=num_processes, timeout=timeout, cpu_only=True, stop_grace=stop_grace))
+
+
+def _launch(function: Callable[..., Any], args: tuple[Any, ...],
+            options: Callable[[], LaunchOptions]) -> Any:
+    """Check the arguments, plan, then run the plan; input refused up front is raised as a
+    launch's error is (`_raise`: in a notebook, the user's call, then the message)."""
+    __tracebackhide__ = True
+    try:
+        args = _check_args(function, args)
+        plan = plan_here(options())
+    except Exception as refused:
+        _raise(refused)
+    return run_plan(plan, function, args)
 
 
 def plan_here(options: LaunchOptions, env: Environment | None = None) -> LaunchPlan:

@@ -30,9 +30,13 @@ IN_A_WORKER = (
 # Every variable xlaunch sets for its workers: each worker gets them from its launch alone.
 WORKER_VARS = (MIXED_PRECISION_VAR, WORLD_VAR, RESTART_VAR, DEVICE_VAR, STORE_DIR_VAR, WORKER_VAR)
 
-# The step of every wait nothing can notify (a process's status where there is no pidfd, an
-# engine's processes, a stack being dumped): one value, for the caller and its workers alike.
+# The waits nothing can notify, two steps for the caller and its workers alike:
+# - a fact awaited (a process's status where there is no pidfd, an engine's processes, a stack
+#   being dumped);
 POLL_S = 0.01
+# - a thread's look at what it watches besides its own work (the clock and the path's checks in
+#   the caller, a stop asked while the nodes meet, the end of a replica's output pump).
+CHECK_S = 0.05
 
 # No exit status is xlaunch's own: a worker says what happened to it in its launch folder, so a
 # user's os._exit(N) is never read as anything but the user's.

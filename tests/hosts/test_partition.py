@@ -62,3 +62,7 @@ def test_a_host_cut_off_mid_run_ends_within_its_timeout_on_every_host(hosts, tmp
     for out, err in outputs:
         assert "ended by LaunchTimeout" in out, (out, err)
         assert returned_after(out) < 60 + timeout + 13, (out, err)
+    # Each names what it waited for: the cut-off host its store, the other the silent host.
+    assert "; no answer from the rendezvous store at 10.77.0.1:" in outputs[1][0], outputs[1]
+    assert "; node 1 (host xlhost2) not heard from through the store for " in outputs[0][0], \
+        outputs[0]

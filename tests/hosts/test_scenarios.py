@@ -27,6 +27,13 @@ if scenario == "restart":
     options.update(max_restarts=1)
 if scenario == "dead-endpoint":
     options.update(rdzv_backend="c10d", rdzv_endpoint="10.77.0.1:29516", timeout=10)
+if scenario == "dead-master":  # static: nobody listens at master_addr (or no longer does)
+    options.update(use_port="29517", timeout=10)
+if scenario == "master-alone":  # node 0, whose launch ends before the other node comes
+    options.update(use_port="29517", timeout=3)
+if scenario == "loopback":
+    del options["master_addr"]
+    options.update(timeout=5)
 
 def train():
     import torch, torch.distributed as dist
@@ -71,8 +78,16 @@ def returned_after(output: str) -> float:
 
 @pytest.mark.parametrize("scenario", ["static", "c10d"])
 def test_two_hosts_form_one_world(hosts, tmp_path, scenario):
-    for out, err in launch(hosts, tmp_path, scenario):
+    outputs = launch(hosts, tmp_path, scenario)
+    for out, err in outputs:
         assert "result (4, 6.0, 0)" in out, (out, err)
+    if scenario == "c10d":  # each host says where the rendezvous put it, once it has
+        said = sorted(line for _, err in outputs for line in err.splitlines()
+                      if "the c10d rendezvous made this machine node" in line)
+        assert said == ["xlaunch: the c10d rendezvous made this machine node 0 of 2, ranks 0-1",
+                        "xlaunch: the c10d rendezvous made this machine node 1 of 2, ranks 2-3"
+                        ], outputs
+        assert all("as one of 2 nodes" in err for _, err in outputs), outputs
 
 
 def test_a_host_that_starts_late_is_waited_for(hosts, tmp_path):
@@ -144,9 +159,42 @@ def test_a_host_reaching_a_c10d_endpoint_where_nobody_listens_says_so_and_ends_i
     # The timeout, the grace, a few seconds (interpreter and torch's import included): torch's
     # store connecting tries again after its own 10 s, which the launch does not wait out.
     assert time.monotonic() - started < 10 + 3 + 6, (out, err)
-    assert "while it waited for the 2 nodes to meet at 10.77.0.1:29516 (torch elastic's c10d " \
-           "rendezvous, whose store there had not answered)" in out, out
+    assert "(no worker had started yet); it was waiting for the 2 nodes to meet at " \
+           "10.77.0.1:29516 (torch elastic's c10d rendezvous, whose store there had not " \
+           "answered)" in out, out
     assert "waiting for the 2 nodes to meet at 10.77.0.1:29516 (torch elastic's c10d " \
            "rendezvous, 5 s so far); it has had no answer yet from its store there (each try " \
            "to reach it gives up after 10 s" in err, err
 
+
+
+def run_node(host: Host, tmp_path, scenario: str, node_rank: int) -> tuple[str, str, float]:
+    script = tmp_path / "node.py"
+    script.write_text(NODE)
+    started = time.monotonic()
+    out, err = host.start(PYTHON, str(script), scenario, str(node_rank), str(tmp_path),
+                          env=node_env()).communicate(timeout=120)
+    return out, err, time.monotonic() - started
+
+
+def test_a_static_master_where_nobody_listens_ends_within_the_timeout_naming_it(hosts, tmp_path):
+    out, err, took = run_node(hosts[1], tmp_path, "dead-master", 1)
+    assert "ended by LaunchTimeout" in out, (out, err)
+    assert took < 10 + 3 + 6, (out, err)
+    assert "it was waiting for the 2 nodes to meet at 10.77.0.1:29517 (torch elastic's static " \
+           "rendezvous)" in out, out
+
+
+def test_a_node_whose_master_already_ended_ends_within_its_timeout(hosts, tmp_path):
+    out, err, _ = run_node(hosts[0], tmp_path, "master-alone", 0)
+    assert "ended by LaunchTimeout" in out, (out, err)
+    out, err, took = run_node(hosts[1], tmp_path, "dead-master", 1)
+    assert "ended by LaunchTimeout" in out, (out, err)
+    assert took < 10 + 3 + 6, (out, err)
+
+
+def test_several_nodes_at_the_default_loopback_address_are_told_so(hosts, tmp_path):
+    out, err, _ = run_node(hosts[1], tmp_path, "loopback", 1)
+    assert "ended by LaunchTimeout" in out, (out, err)
+    assert "xlaunch: master_addr=127.0.0.1 is this machine's loopback: the 2 nodes can meet " \
+           "only if they all run here" in err, err

@@ -254,3 +254,20 @@ finally:
     assert not ours, frames  # the user's call, then the message
     assert "notebook_launcher(print, num_processes=2, use_port=taken)" in frames, frames
     assert "already in use" in cell.error["evalue"]
+
+
+@pytest.mark.parametrize("call, ename, words", [
+    ("notebook_launcher(print, num_processes=0)", "ValueError", "num_processes"),
+    ("notebook_launcher(print, args=5)", "TypeError", "args must be a tuple"),
+    ("debug_launcher(print, num_processes=-1)", "ValueError", "num_processes"),
+])
+def test_input_refused_up_front_opens_on_the_users_call_then_the_message(kernel, call, ename,
+                                                                          words):
+    """Bad input, refused before any launch (the plan's refusals, the arguments' checks): the
+    cell shows the user's call, then the message, no frame of xlaunch's."""
+    cell = kernel.run(f"from xlaunch import notebook_launcher, debug_launcher\n{call}\n")
+    assert cell.status == "error" and cell.error["ename"] == ename, cell.describe()
+    frames = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(cell.error["traceback"]))
+    assert not [frame for frame in cell.error["traceback"] if "/xlaunch/" in frame], frames
+    assert call in frames, frames
+    assert words in cell.error["evalue"], cell.error["evalue"]

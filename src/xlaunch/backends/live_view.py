@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from xlaunch.worker.launch_dir import FAILURE, PID, LaunchDir, Mark, written_at
+from xlaunch.worker.launch_dir import FAILURE, PID, LaunchDir, Mark, cancelled, written_at
 
 LIVE_ENV = "XLAUNCH_LIVE_VIEW"  # "0": no live view
 REFRESH_S = 0.5
@@ -124,7 +124,7 @@ class LiveView:
             kind: written_at(attempt, name) if attempt is not None else {}
             for kind, name in (("pid", PID), ("returned", Mark.RETURNED),
                                ("cancelled", Mark.CANCELLED), ("failure", FAILURE))}
-        stopped = self._launch.cancel_marker.exists() or self.owner_stopped()
+        stopped = (attempt is not None and cancelled(attempt)) or self.owner_stopped()
         ranks = sorted(set(range(self._ranks)) | set(marks["pid"]))
         wall = time.time()
         rows = []

@@ -73,7 +73,8 @@ class ProcessEnd:
 
 
 class ProcessSet:
-    """Every process of one attempt of a launch, and every decision taken about them."""
+    """Every process of one attempt of a launch: started, waited on, stopped and reaped; the
+    signals it sent each (`ProcessEnd.signals_sent`, which the judge reads)."""
 
     def __init__(self, grace: float) -> None:
         self.grace = grace

@@ -10,7 +10,7 @@ At the deadline, in this order, on every path (`Attempt.expire`):
 
 1. the ranks that had settled (returned or raised) are read, before anyone is asked anything:
    theirs is their own verdict, the timeout is everyone else's, whatever they do while stopped;
-2. the launch is marked cancelled: a worker that starts from now on runs nothing;
+2. the attempt is marked cancelled: a worker that starts from now on runs nothing;
 3. each live worker is asked for its Python stack (`ProcessSet.ask_stacks`, which returns once
    every dump is whole);
 4. everything is stopped: SIGTERM, the stop's grace, SIGKILL (`ProcessSet.stop`).
@@ -38,12 +38,14 @@ from typing import Protocol
 from xlaunch.backends.displays import DisplayRelay
 from xlaunch.backends.exits import AttemptFiles
 from xlaunch.backends.processes import ProcessEnd, ProcessSet
+from xlaunch.names import CHECK_S
 from xlaunch.plan.specs import LaunchPlan
 from xlaunch.result.errors import LeftRunning, ProcessFailure, left_running_text
 from xlaunch.result.outcome import Outcome, RankExit, judge, restarting
 from xlaunch.worker.launch_dir import (
     LaunchDir,
     Mark,
+    cancel,
     collect_stacks,
     noted,
     read_rank_reports,
@@ -51,8 +53,6 @@ from xlaunch.worker.launch_dir import (
     worker_pids,
 )
 from xlaunch.worker.value import read_value
-
-CHECK_S = 0.05  # how often the caller's thread looks at the clock and the path's own check
 
 
 class Starter(Protocol):
@@ -87,7 +87,7 @@ class Attempt:
         self.settled_at_deadline: frozenset[int] | None = None  # see exits.AttemptFiles
         self.failure: ProcessFailure | None = None  # the launch failed before any worker ran
         self._gate = threading.Lock()
-        self._cancelled = False
+        self.cancelled = threading.Event()  # stopped or expired: nothing starts from now on
         self._prepared = False
         self._finished = threading.Event()
 
@@ -99,7 +99,7 @@ class Attempt:
             self.starter.prepare(self)
             self._prepared = True
             with self._gate:
-                if self._cancelled:
+                if self.cancelled.is_set():
                     return
                 self.owner = ProcessSet(self.plan.stop_grace)
             self.starter.start(self, self.owner)
@@ -119,9 +119,9 @@ class Attempt:
         """The deadline passed: where each rank stood, then every process stopped. True when the
         launch thread is about to end (as `stop`)."""
         self.settled_at_deadline = settled(self.folder)
-        self.launch_dir.cancel()
+        cancel(self.folder)
         with self._gate:
-            self._cancelled = True
+            self.cancelled.set()
             owner = self.owner
         if owner is not None:
             pids = worker_pids(self.folder)
@@ -139,13 +139,13 @@ class Attempt:
         for it); False while it is still importing or meeting the other nodes, which cannot be
         cut short and after which it starts nothing."""
         with self._gate:
-            self._cancelled = True
+            self.cancelled.set()
             started = self.owner is not None
         self.stop_all()
         return started or self._prepared
 
     def stop_all(self) -> None:
-        self.launch_dir.cancel()  # a worker not started yet will not run
+        cancel(self.folder)  # a worker not started yet will not run
         if self.owner is not None:
             self.owner.adopt(noted(self.folder, Mark.BEGAN))
             self.owner.stop()
@@ -282,9 +282,8 @@ def supervise(attempt: Attempt, timeout: float | None) -> bool:
         finally:
             finished.set()
 
-    # A daemon: the caller waits for it whenever it started a process; a thread abandoned in a
-    # meeting must not hold the caller's interpreter at its exit.
-    thread = threading.Thread(target=run, name="xlaunch-launch", daemon=True)
+    # Not a daemon: a forked worker's threads inherit the flag of the thread that forked it.
+    thread = threading.Thread(target=run, name="xlaunch-launch")
     deadline = None if timeout is None else time.monotonic() + timeout
     timed_out = False
     try:

@@ -122,8 +122,9 @@ class Outcome:
     exception: BaseException | None = field(default=None, compare=False)  # inline: the original
     rank_reports: tuple[RankReport, ...] = ()  # what each rank that ran measured of itself
     left_running: tuple[LeftRunning, ...] = ()  # what workers started that left the group
-    # The time ran out before any worker started, while the launch waited for this (the nodes).
-    waited_for: str = ""
+    # Several machines, at a timeout: what this node was waiting for (a clause: "it was waiting
+    # for the 2 nodes to meet at ...", "no answer from the rendezvous store at ... for 18 s").
+    waiting: str = ""
     # In a notebook: the live view of the ranks (`backends.live_view`), for the caller to replace
     # with the report or clear once the launch is judged.
     live_view: Any = field(default=None, compare=False)
@@ -381,10 +382,9 @@ def _timeout_summary(outcome: Outcome, failures: list[ProcessFailure]) -> str:
     held = [f.rank for f in failures if f.cause == Cause.HELD]
     running = [f for f in failures if f.cause == Cause.TIMED_OUT]
     where = "" if running or held else " (no worker had started yet)"
-    if not running and not held and outcome.waited_for:
-        where = f" while it waited for {outcome.waited_for} (no worker had started yet)"
     if held:
         where = f" ({rank_ranges(held)} had finished, held by its own threads)"
+    waiting = f"; {outcome.waiting}" if outcome.waiting else ""
     return (f"the launch did not finish within timeout={outcome.timeout} s and was "
-            f"stopped{where}")
+            f"stopped{where}{waiting}")
 

@@ -27,6 +27,7 @@ import signal
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,14 @@ from xlaunch.names import POLL_S
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.report import RankReport
 from xlaunch.worker.frames import user_frames_first
+from xlaunch.worker.private import (
+    KEPT_TEXT_BYTES,
+    atomic_write,
+    keep_whole_text,
+    private_dir,
+    private_file,
+    write_private,
+)
 
 PREFIX = "xlaunch-"
 SHARED_MEMORY = Path("/dev/shm")  # where a launch keeps its folder, where it can
@@ -44,11 +53,11 @@ STACKS_WAIT_S = 2.0  # at a timeout: the longest the asked workers' stacks are w
 
 # --- the protocol: every name in a launch's folders, here and nowhere else ---------------------
 # In the launch's folder:
-CANCELLED = "launch.cancelled"  # the launch was stopped: a worker that starts now runs nothing
 OUTPUT_LOCK = "output.lock"  # each rank's prefixed stream writes a line under its lock (made
 # with the folder; workers only open it)
 XLA_DEBUG = "xla-debug"  # torch_xla's compilation analysis, a file per process (".<pid>")
 ATTEMPT = "attempt-{}"  # a folder per attempt, holding what its workers left:
+CANCELLED = "attempt.cancelled"  # the attempt was stopped: a worker that starts now runs nothing
 PID = "pid-{}"  # by rank: "<pid> <local rank>", written before the rank runs anything
 FAILURE = "failure-{}.json"  # by rank: its exception (a `ProcessFailure`), bounded
 FAILURE_TEXT = "failure-{}.txt"  # by rank: that record's whole text, when it had to be cut
@@ -74,42 +83,6 @@ class Mark:
     BEGAN = "began"  # by pid: an engine's process began (known even if it dies at once)
 
 
-# A file only this user can read, created here and now: never one that already exists, never
-# through a symlink. O_NOFOLLOW and O_CLOEXEC where the platform has them.
-_CREATE = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-           | getattr(os, "O_CLOEXEC", 0))
-
-
-def private_file(file: Path | str) -> int:
-    """A new file, 0600 whatever the umask, open for writing: its descriptor."""
-    fd = os.open(file, _CREATE, 0o600)
-    os.fchmod(fd, 0o600)  # a umask that took the owner's bits would lock the caller out
-    return fd
-
-
-def private_dir(folder: Path | str) -> None:
-    """A new folder, 0700 whatever the umask (FileExistsError when the name is taken)."""
-    os.mkdir(folder, 0o700)
-    os.chmod(folder, 0o700)
-
-
-def write_private(file: Path, data: str | bytes | memoryview) -> None:
-    """Write a new private file whole (`private_file`)."""
-    with os.fdopen(private_file(file), "wb") as opened:
-        opened.write(data.encode() if isinstance(data, str) else data)
-
-
-def atomic_write(file: Path, data: str | bytes) -> None:
-    """Write ``file`` so a reader sees the whole content or nothing, never half of it."""
-    partial = file.with_name(file.name + ".partial")
-    try:
-        write_private(partial, data)
-    except FileExistsError:  # left by a writer of ours that died mid-write: the folder is private
-        partial.unlink()
-        write_private(partial, data)
-    partial.replace(file)
-
-
 @dataclass(frozen=True)
 class LaunchDir:
     """One launch's directory; ``attempt-N`` folders separate restarts of the workers."""
@@ -128,9 +101,12 @@ class LaunchDir:
         """
         temp = Path(tempfile.gettempdir())
         _sweep_once(temp)
+        # Shared memory with next to no room (a container's 64 MiB, filled) would fail the
+        # first record a worker writes: the temporary directory serves then.
+        bases = (SHARED_MEMORY, temp) if _free(SHARED_MEMORY) >= SHARED_ROOM_NEEDED else (temp,)
         for _ in range(_NAME_TRIES):
-            name = f"{PREFIX}{os.getpid()}-{os.urandom(6).hex()}"
-            for base in (SHARED_MEMORY, temp):
+            name = f"{PREFIX}{os.getpid()}-{_pid_namespace()}-{os.urandom(6).hex()}"
+            for base in bases:
                 try:
                     private_dir(base / name)
                 except FileExistsError:
@@ -142,6 +118,18 @@ class LaunchDir:
                 return cls(str(base / name))
         raise FileExistsError(errno.EEXIST, f"no free name for a launch folder in {temp} after "
                               f"{_NAME_TRIES} tries")
+
+    @classmethod
+    @contextlib.contextmanager
+    def made(cls) -> Iterator[LaunchDir]:
+        """`create`, for a launch whose set-up follows: removed again if that set-up raises (a
+        launch that runs removes it at its end, `supervise.run_launch`)."""
+        launch_dir = cls.create()
+        try:
+            yield launch_dir
+        except BaseException:
+            launch_dir.remove()
+            raise
 
     def spill(self, make: bool = False) -> Path | None:
         """The folder on disk for a value's bytes that shared memory has no room for: the
@@ -179,14 +167,6 @@ class LaunchDir:
         private_dir(folder)
         return folder
 
-    @property
-    def cancel_marker(self) -> Path:
-        return Path(self.folder) / CANCELLED
-
-    def cancel(self) -> None:
-        with contextlib.suppress(FileExistsError):
-            os.close(private_file(self.cancel_marker))
-
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
         spill = self.spill()
@@ -195,6 +175,24 @@ class LaunchDir:
 
 
 _NAME_TRIES = 100
+SHARED_ROOM_NEEDED = 16 * 2**20  # free in shared memory for a launch's folder to be made there
+
+
+def _free(folder: Path) -> int:
+    try:
+        room = os.statvfs(folder)
+    except OSError:
+        return 0
+    return room.f_bavail * room.f_frsize
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace, in a launch folder's name: a sweep judges a launcher gone
+    only by a pid of its own namespace (containers may share /dev/shm and a user id)."""
+    try:
+        return os.readlink("/proc/self/ns/pid").strip("pid:[]")
+    except OSError:
+        return "0"
 _SWEPT: set[Path] = set()  # the temporary directories this process swept
 
 
@@ -209,13 +207,15 @@ def _sweep_once(temp: Path) -> None:
 def sweep_stale(temp: Path, shared: Path | None = None) -> None:
     """Remove launch folders this user owns whose launcher process is gone, in the temporary
     directory and in shared memory."""
-    uid = os.getuid()
+    uid, namespace = os.getuid(), _pid_namespace()
     for folder in (temp, shared):
         for stale in folder.glob(f"{PREFIX}*-*") if folder is not None else ():
-            owner = stale.name[len(PREFIX):].split("-")[0]
+            owner, *rest = stale.name[len(PREFIX):].split("-")
             try:
                 info = stale.lstat()
             except OSError:
+                continue
+            if len(rest) > 1 and rest[0] != namespace:  # another pid namespace's: not judged
                 continue
             if info.st_uid != uid or not owner.isdigit() or _process_exists(int(owner)):
                 continue
@@ -236,20 +236,20 @@ def _process_exists(pid: int) -> bool:
     return True
 
 
-def write_pid(attempt: Path, rank: int, local_rank: int) -> None:
+def write_pid(attempt_dir: Path, rank: int, local_rank: int) -> None:
     # One small write; a reader that finds it half-written skips it (worker_places).
-    write_private(attempt / PID.format(rank), f"{os.getpid()} {local_rank}")
+    write_private(attempt_dir / PID.format(rank), f"{os.getpid()} {local_rank}")
 
 
-def worker_pids(attempt: Path) -> dict[int, int]:
+def worker_pids(attempt_dir: Path) -> dict[int, int]:
     """rank -> pid of the workers that started in this attempt."""
-    return {rank: pid for rank, (pid, _) in worker_places(attempt).items()}
+    return {rank: pid for rank, (pid, _) in worker_places(attempt_dir).items()}
 
 
-def worker_places(attempt: Path) -> dict[int, tuple[int, int]]:
+def worker_places(attempt_dir: Path) -> dict[int, tuple[int, int]]:
     """rank -> (pid, local rank) of the workers that started in this attempt."""
     places = {}
-    for rank, pid_file in _numbered(attempt, PID):
+    for rank, pid_file in _numbered(attempt_dir, PID):
         try:
             pid, local_rank = pid_file.read_text().split()
             places[rank] = (int(pid), int(local_rank))
@@ -258,36 +258,47 @@ def worker_places(attempt: Path) -> dict[int, tuple[int, int]]:
     return places
 
 
-def note(attempt: Path, mark: str, number: int) -> None:
+def cancel(attempt_dir: Path) -> None:
+    """Mark the attempt stopped: a worker of it that starts from now on runs nothing (a restart's
+    attempt is a new one, not stopped)."""
+    with contextlib.suppress(FileExistsError):
+        os.close(private_file(attempt_dir / CANCELLED))
+
+
+def cancelled(attempt_dir: Path) -> bool:
+    return (attempt_dir / CANCELLED).exists()
+
+
+def note(attempt_dir: Path, mark: str, number: int) -> None:
     """A fact a worker states about itself (a `Mark`), as an empty file named for it."""
     with contextlib.suppress(FileExistsError):  # said before: once is enough
-        os.close(private_file(attempt / f"{mark}-{number}"))
+        os.close(private_file(attempt_dir / f"{mark}-{number}"))
 
 
-def settled(attempt: Path) -> frozenset[int]:
+def settled(attempt_dir: Path) -> frozenset[int]:
     """The ranks whose function has returned (its value sent) or raised, as their files say now:
     read at a timeout, before anything is stopped, they are the ranks the timeout did not cut."""
-    return noted(attempt, Mark.RETURNED) | {rank for rank, _ in _numbered(attempt, FAILURE)}
+    return noted(attempt_dir, Mark.RETURNED) | {rank for rank, _ in _numbered(attempt_dir, FAILURE)}
 
 
-def noted(attempt: Path, mark: str) -> frozenset[int]:
+def noted(attempt_dir: Path, mark: str) -> frozenset[int]:
     """The numbers a `Mark` was noted for in this attempt."""
-    return frozenset(number for number, _ in _numbered(attempt, mark))
+    return frozenset(number for number, _ in _numbered(attempt_dir, mark))
 
 
-def written_at(attempt: Path, name: str) -> dict[int, float]:
+def written_at(attempt_dir: Path, name: str) -> dict[int, float]:
     """number -> when its file was written, of the files named ``name`` (a `Mark`, or a pattern
     such as `PID`) in this attempt."""
     times = {}
-    for number, file in _numbered(attempt, name):
+    for number, file in _numbered(attempt_dir, name):
         with contextlib.suppress(OSError):
             times[number] = file.stat().st_mtime
     return times
 
 
-def failed_any(attempt: Path) -> bool:
+def failed_any(attempt_dir: Path) -> bool:
     """Whether some rank of this attempt has recorded a failure."""
-    return any(True for _ in _numbered(attempt, FAILURE))
+    return any(True for _ in _numbered(attempt_dir, FAILURE))
 
 
 def _listed(folder: Path) -> list[str]:
@@ -297,12 +308,12 @@ def _listed(folder: Path) -> list[str]:
         return []
 
 
-def _numbered(attempt: Path, name: str) -> list[tuple[int, Path]]:
+def _numbered(attempt_dir: Path, name: str) -> list[tuple[int, Path]]:
     """The files of ``attempt`` named ``name`` (a pattern of the protocol, or a `Mark`) with
     their number."""
     head, tail = name.split("{}") if "{}" in name else (f"{name}-", "")
     found = []
-    with contextlib.suppress(OSError), os.scandir(attempt) as entries:
+    with contextlib.suppress(OSError), os.scandir(attempt_dir) as entries:
         for entry in entries:
             number = entry.name[len(head):len(entry.name) - len(tail)]
             if (entry.name.startswith(head) and entry.name.endswith(tail) and number.isdigit()
@@ -311,71 +322,26 @@ def _numbered(attempt: Path, name: str) -> list[tuple[int, Path]]:
     return found
 
 
-def record_failure(attempt: Path, failure: ProcessFailure) -> None:
+def record_failure(attempt_dir: Path, failure: ProcessFailure) -> None:
     """The record, its message and traceback bounded; the whole text beside it when cut."""
     failure, whole = failure.bounded()
     if whole is not None:  # as much as is kept of it (shared memory is memory); the record says
         with contextlib.suppress(OSError):  # the most, and is written whatever happens here
-            atomic_write(attempt / FAILURE_TEXT.format(failure.rank), whole[:KEPT_TEXT_BYTES + 1])
-    atomic_write(attempt / FAILURE.format(failure.rank), failure.to_json())
+            atomic_write(attempt_dir / FAILURE_TEXT.format(failure.rank), whole[:KEPT_TEXT_BYTES + 1])
+    atomic_write(attempt_dir / FAILURE.format(failure.rank), failure.to_json())
 
 
-KEPT_TEXT_BYTES = 4 * 2**20  # of a failure's whole text, what is kept (its start)
-KEPT_TEXTS = 20  # whole texts kept in the user's cache folder, the newest
-
-
-def failures_folder() -> Path:
-    """Where the whole texts of cut failures are kept: the user's own cache folder, 0700."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "xlaunch" / "failures"
-
-
-def keep_whole_text(file: Path, rank: int) -> str | None:
-    """Copy a failure's whole text out of the launch folder (removed at the launch's end) into
-    the user's cache folder (0700; the file 0600, its first `KEPT_TEXT_BYTES`, the newest
-    `KEPT_TEXTS` kept), for the error to name; None when there is none or it cannot be kept."""
-    try:
-        source = open(file, "rb")
-    except OSError:
-        return None
-    folder = failures_folder()
-    with source:
-        try:
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            info = folder.lstat()
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-                return None
-            os.chmod(folder, 0o700)
-            kept = folder / f"rank{rank}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(4).hex()}.txt"
-            text = source.read(KEPT_TEXT_BYTES + 1)
-            if len(text) > KEPT_TEXT_BYTES:
-                text = text[:KEPT_TEXT_BYTES] + b"\n(cut: the first %d bytes are kept)\n" % (
-                    KEPT_TEXT_BYTES)
-            write_private(kept, text)
-        except OSError:
-            return None
-    _prune(folder)
-    return str(kept)
-
-
-def _prune(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        texts = sorted(folder.glob("rank*.txt"), key=lambda path: path.stat().st_mtime)
-        for old in texts[:-KEPT_TEXTS]:
-            old.unlink()
-
-
-def read_failures(attempt: Path | None) -> dict[int, ProcessFailure]:
+def read_failures(attempt_dir: Path | None) -> dict[int, ProcessFailure]:
     """The failure records workers wrote in one attempt, by rank."""
     records: dict[int, ProcessFailure] = {}
-    if attempt is None:
+    if attempt_dir is None:
         return records
-    for rank, file in _numbered(attempt, FAILURE):
+    for rank, file in _numbered(attempt_dir, FAILURE):
         try:
             record = ProcessFailure.from_json(file.read_text(), error_file=str(file))
         except (OSError, ValueError, TypeError):
             continue
-        whole = keep_whole_text(attempt / FAILURE_TEXT.format(rank), record.rank)
+        whole = keep_whole_text(attempt_dir / FAILURE_TEXT.format(rank), record.rank)
         records[record.rank] = dataclasses.replace(record, full_text=whole) if whole else record
     return records
 
@@ -386,10 +352,10 @@ CRASHES = {"Segmentation fault": signal.SIGSEGV, "Aborted": signal.SIGABRT,
            "Illegal instruction": signal.SIGILL}
 
 
-def read_crashes(attempt: Path) -> dict[int, tuple[int, str]]:
+def read_crashes(attempt_dir: Path) -> dict[int, tuple[int, str]]:
     """pid -> (the fatal signal, faulthandler's dump) of each process that wrote one."""
     crashes = {}
-    for pid, crash_file in _numbered(attempt, CRASH):
+    for pid, crash_file in _numbered(attempt_dir, CRASH):
         try:
             text = crash_file.read_text(errors="replace")
         except OSError:
@@ -400,9 +366,9 @@ def read_crashes(attempt: Path) -> dict[int, tuple[int, str]]:
     return crashes
 
 
-def read_stacks(attempt: Path) -> dict[int, str]:
+def read_stacks(attempt_dir: Path) -> dict[int, str]:
     stacks = {}
-    for rank, stack_file in _numbered(attempt, STACK):
+    for rank, stack_file in _numbered(attempt_dir, STACK):
         try:
             stacks[rank] = user_frames_first(stack_file.read_text())
         except OSError:
@@ -410,25 +376,25 @@ def read_stacks(attempt: Path) -> dict[int, str]:
     return stacks
 
 
-def collect_stacks(attempt: Path, ranks: list[int], wait: float = STACKS_WAIT_S) -> dict[int, str]:
+def collect_stacks(attempt_dir: Path, ranks: list[int], wait: float = STACKS_WAIT_S) -> dict[int, str]:
     """The stacks the ``ranks`` asked (by the launch's owner) wrote. The owner returns once the
     kernel says each dump is whole (`ProcessSet.ask_stacks`); where it cannot say, a file with
     text in it is waited for here, up to ``wait``."""
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
-        stacks = read_stacks(attempt)
+        stacks = read_stacks(attempt_dir)
         if all(stacks.get(rank) for rank in ranks):
             break
         time.sleep(POLL_S)
-    return {rank: text for rank, text in read_stacks(attempt).items() if rank in ranks}
+    return {rank: text for rank, text in read_stacks(attempt_dir).items() if rank in ranks}
 
 
-def read_rank_reports(attempt: Path | None) -> list[RankReport]:
+def read_rank_reports(attempt_dir: Path | None) -> list[RankReport]:
     """The reports of one attempt; of replicas sharing a process, the lowest rank's."""
-    if attempt is None:
+    if attempt_dir is None:
         return []
     by_pid: dict[int, RankReport] = {}
-    for _, file in _numbered(attempt, REPORT):
+    for _, file in _numbered(attempt_dir, REPORT):
         try:
             record = json.loads(file.read_text())
             pid, report = int(record["pid"]), RankReport.from_json(json.dumps(record["report"]))

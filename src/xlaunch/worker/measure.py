@@ -15,7 +15,8 @@ from typing import Any
 
 from xlaunch._compat import dynamo_counts
 from xlaunch.result.report import RankReport
-from xlaunch.worker.launch_dir import REPORT, write_private
+from xlaunch.worker.launch_dir import REPORT
+from xlaunch.worker.private import write_private
 
 
 def peak_rss_bytes() -> int:
@@ -26,13 +27,13 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def write_rank_report(attempt: Path, rank: int, wall_seconds: float,
+def write_rank_report(attempt_dir: Path, rank: int, wall_seconds: float,
                       extra: Mapping[str, Any]) -> None:
     """The rank's report, one small file. Read once the rank's process has ended: a report cut
     short by its death is not read (its rank is reported by the owner's records anyway)."""
     report = RankReport(rank=rank, wall_seconds=wall_seconds, peak_rss_bytes=peak_rss_bytes(),
                         **extra)
-    write_private(attempt / REPORT.format(rank),
+    write_private(attempt_dir / REPORT.format(rank),
                   json.dumps({"pid": os.getpid(), "report": asdict(report)}))
 
 

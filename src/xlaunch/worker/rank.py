@@ -35,13 +35,14 @@ from xlaunch.worker.launch_dir import (
     STACK_SIGNAL,
     LaunchDir,
     Mark,
+    cancelled,
     note,
-    private_file,
     record_failure,
     write_pid,
 )
 from xlaunch.worker.measure import dynamo_since, write_rank_report
 from xlaunch.worker.output import PrefixedStream, prefix_replica_thread, rebind_log_handlers
+from xlaunch.worker.private import private_file
 from xlaunch.worker.value import ValueNotSent, write_value
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -72,7 +73,7 @@ class Worker:
         launch_dir = self.launch_dir = LaunchDir(setup.launch_dir)
         self.folder = launch_dir.attempt_path(attempt)  # made by the caller
         self.rank = rank
-        self.cancelled = launch_dir.cancel_marker.exists()
+        self.cancelled = cancelled(self.folder)
         # Before the pid is written: the owner asks for stacks only of a rank whose pid it has
         # read, and STACK_SIGNAL would end a process that had no handler for it.
         self._stack_file: IO[str] = open(private_file(self.folder / STACK.format(rank)), "w")

@@ -26,7 +26,8 @@ from typing import Any
 
 from xlaunch import _compat
 from xlaunch.names import STORE_DIR_VAR
-from xlaunch.worker.launch_dir import SCRIPT_GROUP_STORE, private_file
+from xlaunch.worker.launch_dir import SCRIPT_GROUP_STORE
+from xlaunch.worker.private import private_file
 
 
 def run_script(target: str, script_args: list[str], module: bool = False) -> None:

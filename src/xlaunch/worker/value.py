@@ -1,8 +1,9 @@
 """A rank's returned value, moved once: the worker writes it, the caller maps it.
 
 The worker pickles the value (tensors moved to the CPU first) with pickle protocol 5. A buffer of
-`IN_RECORD_BYTES` or more (a large tensor's or array's bytes) is written raw to a file of its own;
-the caller maps that file and the tensor is rebuilt over the mapped pages, never a second copy in
+`IN_RECORD_BYTES` or more (a large tensor's or array's bytes) is written raw to a file of its own,
+and so is the pickle stream itself when it is that large (a value of many small parts); the caller
+maps that file and the tensor is rebuilt over the mapped pages, never a second copy in
 the caller's memory, nothing checksummed or compressed on the way (``torch.save`` spent 1.9 s on a
 500 MiB tensor, most of it its zip checksum). Smaller buffers travel inside the record.
 
@@ -10,7 +11,7 @@ Where the bytes go: the launch's folder, in shared memory (``/dev/shm``) when it
 folder of the launch's on disk (`LaunchDir.spill`; writing 500 MiB to a disk-backed temporary
 directory took 1.2-1.7 s here against 0.35-0.48 s to ``/dev/shm``). Shared memory that fills up
 while the bytes are written falls back to disk too; a disk that is full as well is the rank's
-error, naming both places. Every file is private to the user (`launch_dir.private_file`).
+error, naming both places. Every file is private to the user (`private.private_file`).
 
 The record: a header (the bytes' files and lengths), the pickle stream, and a commit trailer the
 worker writes last (a marker and the record's length). The caller takes a value only with its
@@ -18,9 +19,10 @@ trailer whole; the worker says its function returned (the ``returned`` mark) onl
 record is in place, so a rank that dies while it sends is a rank that failed, never a value of
 ``None``.
 
-The caller maps each file privately (a write copies the page: the tensor is the caller's to
-change, and nothing written to the file later reaches it), closes the descriptor and removes the
-file: a kept tensor holds no descriptor, and its pages go when the tensor goes.
+The caller maps each file privately (a write to the tensor copies the page: it is the caller's to
+change), closes the descriptor and removes the file: a kept tensor holds no descriptor, and its
+pages go when the tensor goes. Nobody else can write the file meanwhile: it was made 0600 in a
+folder only the user can open, and it is gone once mapped.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from xlaunch.worker.launch_dir import RESULT, VALUE, LaunchDir, atomic_write, private_file
+from xlaunch.worker.launch_dir import RESULT, VALUE, LaunchDir
+from xlaunch.worker.private import atomic_write, write_private
 
 IN_RECORD_BYTES = 64 * 2**10  # a buffer smaller than this travels inside the record
 ROOM_TO_SPARE = 256 * 2**20  # shared memory left to others after the bytes are written
@@ -49,13 +52,17 @@ class ValueNotSent(OSError):
     """The value's bytes could not be written anywhere (every file system full)."""
 
 
-def write_value(launch: LaunchDir, attempt: Path, value: Any) -> None:
+def write_value(launch: LaunchDir, attempt_dir: Path, value: Any) -> None:
     """Send ``value`` back: its large buffers to files, then the record, committed last."""
     buffers: list[pickle.PickleBuffer] = []
     stream = io.BytesIO()
     pickler = _Pickler(stream, buffers)
     pickler.dump(to_cpu(value))
     views = [buffer.raw() for buffer in buffers]
+    pickled = stream.getbuffer()
+    stream_in_file = pickled.nbytes >= IN_RECORD_BYTES  # the stream itself, last, as a buffer
+    if stream_in_file:
+        views.append(pickled)
     place = Path(launch.folder)
     if views and not _room(place, sum(view.nbytes for view in views)):
         place = launch.spill(make=True) or place
@@ -70,18 +77,23 @@ def write_value(launch: LaunchDir, attempt: Path, value: Any) -> None:
                 filled, place = (place, spill) if spill not in (None, place) else (None, place)
             # Named for its attempt: a rank that died while sending leaves its files until the
             # launch ends, and the next attempt's rank sends its own.
-            file, now = _write_bytes(place, launch, VALUE.format(attempt.name, index), view,
+            file, now = _write_bytes(place, launch, VALUE.format(attempt_dir.name, index), view,
                                      filled)
             filled, place = (place if now != place else filled), now
             files.append(str(file))
+        head = json.dumps({"files": files, "lengths": [view.nbytes for view in views],
+                           "stream": stream_in_file}).encode()
+        body = len(head).to_bytes(8, "little") + head + (b"" if stream_in_file else pickled)
+        record = body + _COMMIT + len(body).to_bytes(8, "little")
+        try:
+            atomic_write(attempt_dir / RESULT, record)
+        except OSError as error:
+            raise _not_sent(error, memoryview(record), attempt_dir, None) from None
     except BaseException:  # the bytes are of no use now: their room goes to the rank's record
         for written in files:
             with contextlib.suppress(OSError):
                 os.unlink(written)
         raise
-    head = json.dumps({"files": files, "lengths": [view.nbytes for view in views]}).encode()
-    body = len(head).to_bytes(8, "little") + head + stream.getbuffer()
-    atomic_write(attempt / RESULT, body + _COMMIT + len(body).to_bytes(8, "little"))
 
 
 def _room(folder: Path, size: int) -> bool:
@@ -100,28 +112,17 @@ def _write_bytes(place: Path, launch: LaunchDir, name: str, view: memoryview,
     launch's folder on disk instead. The file, and where the next buffer goes. ``filled``: the
     place that filled up under an earlier buffer (an error names it too)."""
     try:
-        _write_file(place / name, view)
+        write_private(place / name, view)
         return place / name, place
     except OSError as full:
         spill = launch.spill(make=True) if full.errno in _FULL else None
         if spill is None or place == spill:
             raise _not_sent(full, view, place, filled) from None
     try:
-        _write_file(spill / name, view)
+        write_private(spill / name, view)
     except OSError as error:
         raise _not_sent(error, view, spill, place) from None
     return spill / name, spill
-
-
-def _write_file(file: Path, view: memoryview) -> None:
-    fd = private_file(file)
-    try:
-        with os.fdopen(fd, "wb") as opened:
-            opened.write(view)
-    except OSError:
-        with contextlib.suppress(OSError):
-            file.unlink()  # half a buffer: its room goes back to whoever needs it
-        raise
 
 
 def _not_sent(error: OSError, view: memoryview, place: Path, first: Path | None) -> ValueNotSent:
@@ -137,13 +138,13 @@ def _not_sent(error: OSError, view: memoryview, place: Path, first: Path | None)
                         "return its path)")
 
 
-def read_value(attempt: Path | None) -> tuple[bool, Any]:
+def read_value(attempt_dir: Path | None) -> tuple[bool, Any]:
     """(True, the value local rank 0 sent back), or (False, None) when no committed record is
     there (the rank sent none, or died before its record was whole)."""
-    if attempt is None:
+    if attempt_dir is None:
         return False, None
     try:
-        record = (attempt / RESULT).read_bytes()
+        record = (attempt_dir / RESULT).read_bytes()
     except OSError:
         return False, None
     trailer = len(_COMMIT) + 8
@@ -154,7 +155,8 @@ def read_value(attempt: Path | None) -> tuple[bool, Any]:
     head = json.loads(record[8:8 + length])
     buffers = [_mapped(Path(file), size)
                for file, size in zip(head["files"], head["lengths"], strict=True)]
-    return True, pickle.loads(memoryview(record)[8 + length:-trailer], buffers=buffers)
+    stream = buffers.pop() if head.get("stream") else memoryview(record)[8 + length:-trailer]
+    return True, pickle.loads(stream, buffers=buffers)
 
 
 def _mapped(file: Path, size: int) -> Any:

@@ -56,7 +56,7 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
     # Bound now, as the launch starts (a plan binds nothing): a taken default port is replaced.
     port = choose_port(spec.port, spec.port_fallback, spec.master_addr,
                        loopback=plan.num_nodes == 1, owner=spec.node_rank == 0)
-    launch_dir = LaunchDir.create()
+    variables = launch_environment(plan, os.environ, path_env)
     nodes = None if spec.loopback_only else NodeRendezvous(plan, spec, port)
     here = None if nodes is not None else World(0, plan.num_processes, plan.num_processes,
                                                 master_port=port)
@@ -64,20 +64,21 @@ def launch(plan: LaunchPlan, spec: ElasticSpec, function: Callable[..., Any],
     fold = spec.log_line_prefix_template is None and os.environ.get(FOLD_ENV, "1") != "0"
     # There too: a live view of the ranks in the cell (XLAUNCH_LIVE_VIEW=0: none).
     live = live_view_on()
-    displays = (DisplayRelay.for_kernel(
-        plan.num_processes, fold, launch_dir.folder if live else None,
-        plan.num_processes if plan.num_nodes == 1 else 0)
-        if spec.start_method == "fork" else None)
-    setup = WorkerSetup(launch_dir.folder, launch_environment(plan, os.environ, path_env),
-                        line_prefix=spec.log_line_prefix_template or "[rank ${rank}] ",
-                        prefix_single=spec.log_line_prefix_template is not None,
-                        display_fds=displays.fds if displays is not None else None)
+    with LaunchDir.made() as launch_dir:
+        displays = (DisplayRelay.for_kernel(
+            plan.num_processes, fold, launch_dir.folder if live else None,
+            plan.num_processes if plan.num_nodes == 1 else 0)
+            if spec.start_method == "fork" else None)
+        setup = WorkerSetup(launch_dir.folder, variables,
+                            line_prefix=spec.log_line_prefix_template or "[rank ${rank}] ",
+                            prefix_single=spec.log_line_prefix_template is not None,
+                            display_fds=displays.fds if displays is not None else None)
 
-    def starter(number: int) -> Starter:
-        def make_job(world: World) -> DistJob:
-            return job(function, args, setup, spec, world, number, spec.rdzv_id)
+        def starter(number: int) -> Starter:
+            def make_job(world: World) -> DistJob:
+                return job(function, args, setup, spec, world, number, spec.rdzv_id)
 
-        return DistStarter(spec, plan.num_processes, make_job, here, nodes)
+            return DistStarter(spec, plan.num_processes, make_job, here, nodes)
 
-    return run_launch(plan, launch_dir, spec.max_restarts, starter, displays,
-                      close=nodes.close if nodes is not None else None)
+        return run_launch(plan, launch_dir, spec.max_restarts, starter, displays,
+                          close=nodes.close if nodes is not None else None)

@@ -14,7 +14,7 @@ every node, meeting again); a node that stopped for another's failure leads its 
 keep-alive bound, or a store that stops answering, ends the attempt (without ``timeout=``, or
 with the bound in ``rdzv_conf``). Waits for other nodes happen inside the store's C++ calls, which
 nothing can interrupt: they are bounded by the launch's own timeout, and run off the launch
-thread once the nodes have met.
+thread (the meeting in a thread of its own, which the launch leaves at its timeout or stop).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from typing import Any
 
 from xlaunch.backends.elastic.watch import ALIVE_KEY, ENDED, FAILED_KEY, FAILURE_KEY, StoreWatch
 from xlaunch.backends.environment import World
+from xlaunch.backends.processes import LaunchStopped
+from xlaunch.names import CHECK_S
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
 from xlaunch.result.outcome import (
     NodeFacts,
@@ -78,7 +80,7 @@ class NodeRendezvous:
 
     def _handler(self) -> Any:
         """torch elastic's handler. c10d's connects to its store as it is made (and may wait for
-        it): made in the launch thread, so that the timeout and the stop button apply."""
+        it): made at the first meeting, which the timeout and the stop button cut short."""
         from torch.distributed.elastic.rendezvous import (
             RendezvousParameters,
             rendezvous_handler_registry,
@@ -91,7 +93,7 @@ class NodeRendezvous:
             self.handler = rendezvous_handler_registry.create_handler(parameters)
         if self._closed.is_set():  # the launch ended (its timeout) while the handler was made
             self.close()
-            raise RuntimeError("the launch ended before the nodes met")
+            raise LaunchStopped
         return self.handler
 
     def _conf(self) -> dict[str, Any]:
@@ -105,15 +107,29 @@ class NodeRendezvous:
             conf.setdefault("rank", self.spec.node_rank)
         return conf
 
-    def meet(self, attempt: int) -> World:
-        """Wait for every node (each attempt: a restart meets again), then this node's place."""
-        met = threading.Event()
+    def meet(self, attempt: int, cancelled: threading.Event) -> World:
+        """Wait for every node (each attempt: a restart meets again), then this node's place.
+        The meeting runs in a thread of its own, in torch's C++ calls nothing can cut short (a
+        store connecting tries again after its own timeout): the launch thread leaves it at the
+        launch's cancel (its timeout, the stop button), raising `LaunchStopped`."""
+        met, found = threading.Event(), []
+
+        def meeting() -> None:
+            try:
+                found.append(self._handler().next_rendezvous())
+            except BaseException as error:  # raised in the launch thread
+                found.append(error)
+            finally:
+                met.set()
+        threading.Thread(target=meeting, daemon=True, name="xlaunch-rendezvous").start()
         threading.Thread(target=self._say_while_waiting, args=(met,), daemon=True,
                          name="xlaunch-rendezvous-wait").start()
-        try:
-            info = self._handler().next_rendezvous()
-        finally:
-            met.set()
+        while not met.wait(CHECK_S):
+            if cancelled.is_set():
+                raise LaunchStopped
+        if isinstance(found[0], BaseException):
+            raise found[0]
+        info = found[0]
         self.store, self.node_rank = info.store, info.rank
         bootstrap = info.bootstrap_store_info
         assert bootstrap is not None  # every rendezvous of torch >= 2.4 gives it
@@ -167,12 +183,17 @@ class NodeRendezvous:
                 f"torch tries twice when this machine may be the one to host it); the meeting "
                 f"{meeting}")
 
-    def waiting(self) -> str:
-        """What a node that has not met the others waits for (a timeout's error says it)."""
-        store = (", whose store there had not answered" if self.spec.rdzv_backend == "c10d"
-                 and self.handler is None else "")
-        return (f"the {self.plan.num_nodes} nodes to meet at {self.endpoint} (torch elastic's "
-                f"{self.spec.rdzv_backend} rendezvous{store})")
+    def waiting(self, attempt: int) -> str:
+        """What this node was waiting for when its time ran out, for the timeout's error to say:
+        the other nodes, to meet; once they met, a store or a node gone quiet, as the watch last
+        found them ("" when none was)."""
+        watch = self._watches.get(attempt)
+        if watch is None:
+            store = (", whose store there had not answered" if self.spec.rdzv_backend == "c10d"
+                     and self.handler is None else "")
+            return (f"it was waiting for the {self.plan.num_nodes} nodes to meet at "
+                    f"{self.endpoint} (torch elastic's {self.spec.rdzv_backend} rendezvous{store})")
+        return self._quiet(watch)[2]
 
     def _say_while_waiting(self, met: threading.Event) -> None:
         started, wait = time.monotonic(), SAY_WAITING_AFTER_S
@@ -254,21 +275,10 @@ class NodeRendezvous:
         """Say what this node waits for once a node (or the store) is quiet; give up on it at
         the bound. A store that stopped answering explains every node's silence: it is what
         is said and judged (its answers come every monitor interval, a node's beats less often)."""
-        store, quiet = watch.silent()
+        store, quiet, what = self._quiet(watch)
         interval, bound, enforced = self.keep_alive()
-        if store >= min(interval, bound / 2):
-            quiet = dict.fromkeys(quiet, store)
-            say = store >= min(SAY_WAITING_AFTER_S, bound / 2)
-            what = (f"no answer from the rendezvous store at {self.endpoint} for {store:.0f} s "
-                    "(this machine may be cut off from the other nodes)")
-        else:
-            store = 0.0
-            loud = {node: seconds for node, seconds in quiet.items() if seconds >= 2 * interval}
-            say = bool(loud)
-            what = "; ".join(f"node {node}{self._host(node)} not heard from through the store "
-                             f"for {seconds:.0f} s" for node, seconds in loud.items())
         now = time.monotonic()
-        if say and now >= self._next_say:
+        if what and now >= self._next_say:
             self._next_say = now + SAY_AGAIN_EVERY_S
             print(f"xlaunch: {what}; {self._gives_up(bound, enforced)}", file=sys.stderr,
                   flush=True)
@@ -282,6 +292,20 @@ class NodeRendezvous:
         self._unheard[attempt] = lost
         return "; ".join(f"node {node.node}{self._host(node.node)} not heard from for "
                          f"{node.seconds:.0f} s" for node in lost)
+
+    def _quiet(self, watch: StoreWatch) -> tuple[float, dict[int, float], str]:
+        """(how long the store has been quiet, 0 when it answers; how long each node has; what
+        of it is worth saying, "" when nothing is)."""
+        store, quiet = watch.silent()
+        interval, bound, _ = self.keep_alive()
+        if store >= min(interval, bound / 2):
+            what = (f"no answer from the rendezvous store at {self.endpoint} for {store:.0f} s "
+                    "(this machine may be cut off from the other nodes)")
+            return (store, dict.fromkeys(quiet, store),
+                    what if store >= min(SAY_WAITING_AFTER_S, bound / 2) else "")
+        loud = {node: seconds for node, seconds in quiet.items() if seconds >= 2 * interval}
+        return 0.0, quiet, "; ".join(f"node {node}{self._host(node)} not heard from through the "
+                                     f"store for {seconds:.0f} s" for node, seconds in loud.items())
 
     def _host(self, node: int) -> str:
         return f" (host {self.hosts[node]})" if node < len(self.hosts) else ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -22,17 +23,18 @@ from xlaunch.backends.processes import LaunchStopped, ProcessEnd, ProcessSet
 from xlaunch.backends.supervise import Attempt
 from xlaunch.plan.specs import ElasticSpec
 from xlaunch.result.outcome import NodeFacts, Outcome, RankExit
-from xlaunch.worker.launch_dir import GROUP_STORE, Mark, noted, private_file
+from xlaunch.worker.launch_dir import GROUP_STORE, Mark, noted
+from xlaunch.worker.private import private_file
 
 
 class Nodes(Protocol):
     """The other machines of a job, as an attempt needs them (`rendezvous.NodeRendezvous`)."""
 
-    def meet(self, attempt: int) -> World: ...
+    def meet(self, attempt: int, cancelled: threading.Event) -> World: ...
     def report_failure(self, attempt: int, rank_exit: RankExit) -> None: ...
     def failed_elsewhere(self, attempt: int) -> str | None: ...
     def after(self, attempt: int, exits: Sequence[RankExit], timed_out: bool) -> NodeFacts: ...
-    def waiting(self) -> str: ...
+    def waiting(self, attempt: int) -> str: ...
 
 
 class DistStarter:
@@ -46,7 +48,7 @@ class DistStarter:
     def prepare(self, attempt: Attempt) -> None:
         if self.world is None:  # several machines: where this node sits is known once they meet
             assert self.nodes is not None
-            self.world = self.nodes.meet(attempt.number)
+            self.world = self.nodes.meet(attempt.number, attempt.cancelled)
         if self.spec.start_method == "fork":  # imported once here, not once in every worker
             import torch.distributed  # noqa: F401
 
@@ -77,10 +79,10 @@ class DistStarter:
                     if self.nodes is not None:  # which rank, and how: the others lead with it
                         self.nodes.report_failure(attempt.number,
                                                   attempt.exits()[local_rank[process]])
-                    owner.stop()  # this rank failed: its peers go too, as under torchrun
+                    attempt.stop_all()  # this rank failed: its peers go too, as under torchrun
             elsewhere = self.nodes.failed_elsewhere(attempt.number) if self.nodes else None
             if elsewhere is not None and pending and not owner.stopped():
-                owner.stop()
+                attempt.stop_all()
 
     @staticmethod
     def _failed(attempt: Attempt, exitcode: int | None, rank: int) -> bool:
@@ -102,7 +104,7 @@ class DistStarter:
         silence), for the judge to lead with the first failure wherever it happened."""
         if self.nodes is None:
             return outcome
-        waited_for = self.nodes.waiting() if self.world is None else ""  # they never met
+        waiting = self.nodes.waiting(attempt.number) if outcome.timed_out else ""
         return dataclasses.replace(outcome, nodes=self.nodes.after(attempt.number, outcome.exits,
                                                                    outcome.timed_out),
-                                   waited_for=waited_for)
+                                   waiting=waiting)

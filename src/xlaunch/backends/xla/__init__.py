@@ -38,22 +38,23 @@ def launch(plan: LaunchPlan, spec: XlaSpec, function: Callable[..., Any],
     require_torch_xla()
     if spec.start_method != "fork":
         check_picklable(function, args)
-    launch_dir = LaunchDir.create()
-    displays = relay_displays(plan, spec, launch_dir)
-    path_env = xla_layer(spec, os.environ, launch_dir.folder)
-    setup = WorkerSetup(
-        launch_dir.folder, launch_environment(plan, os.environ, path_env),
-        line_prefix=spec.line_prefix, prefix_single=spec.line_prefix != XlaSpec.line_prefix,
-        display_fds=displays.fds if displays is not None else None,
-        # Replicas sharing a process (v2/v3 threads): each thread's lines get its own rank.
-        threads_share_streams=spec.threads_per_process > 1)
+    with LaunchDir.made() as launch_dir:
+        path_env = xla_layer(spec, os.environ, launch_dir.folder)
+        variables = launch_environment(plan, os.environ, path_env)
+        displays = relay_displays(plan, spec, launch_dir)
+        setup = WorkerSetup(
+            launch_dir.folder, variables, line_prefix=spec.line_prefix,
+            prefix_single=spec.line_prefix != XlaSpec.line_prefix,
+            display_fds=displays.fds if displays is not None else None,
+            # Replicas sharing a process (v2/v3 threads): each thread's lines get its own rank.
+            threads_share_streams=spec.threads_per_process > 1)
 
-    def starter(number: int) -> Starter:
-        job = ReplicaJob(function, args, setup, number, compile_cache=spec.compile_cache,
-                         replicas_per_process=spec.threads_per_process)
-        return XlaStarter(spec, plan.world_size, job, path_env)
+        def starter(number: int) -> Starter:
+            job = ReplicaJob(function, args, setup, number, compile_cache=spec.compile_cache,
+                             replicas_per_process=spec.threads_per_process)
+            return XlaStarter(spec, plan.world_size, job, path_env)
 
-    return run_launch(plan, launch_dir, spec.max_restarts, starter, displays)
+        return run_launch(plan, launch_dir, spec.max_restarts, starter, displays)
 
 
 def relay_displays(plan: LaunchPlan, spec: XlaSpec, launch_dir: LaunchDir) -> DisplayRelay | None:

@@ -32,7 +32,8 @@ from xlaunch.backends.xla.tail import Tail
 from xlaunch.plan.specs import XlaSpec
 from xlaunch.result.errors import ProcessFailure
 from xlaunch.worker import process_tree
-from xlaunch.worker.launch_dir import LEADER_FAILURE, LaunchDir, atomic_write
+from xlaunch.worker.launch_dir import LEADER_FAILURE, LaunchDir
+from xlaunch.worker.private import atomic_write
 from xlaunch.worker.rank import die_with_parent, flush_output
 
 

@@ -21,7 +21,8 @@ from xlaunch import _compat, stopping
 from xlaunch.backends.environment import apply, worker_environment
 from xlaunch.backends.xla.metrics import collect
 from xlaunch.worker import process_tree
-from xlaunch.worker.launch_dir import CRASH, LaunchDir, Mark, note, private_file
+from xlaunch.worker.launch_dir import CRASH, LaunchDir, Mark, note
+from xlaunch.worker.private import private_file
 from xlaunch.worker.rank import Worker, WorkerSetup, by_value
 
 

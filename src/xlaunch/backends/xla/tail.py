@@ -15,10 +15,11 @@ import select
 import sys
 import threading
 
+from xlaunch.names import CHECK_S
+
 TAIL_BYTES = 32768
 TAIL_LINES = 30
 STACK_FRAMES = 8  # innermost frames kept from each crash dump in the tail
-POLL_MS = 50  # how long the pump waits for output before it checks whether it should end
 _CLAIMED = re.compile(r"\[rank (\d+)\] ")
 
 
@@ -47,7 +48,7 @@ class Tail:
         poller.register(fd, select.POLLIN)
         try:
             while True:
-                if not poller.poll(POLL_MS):
+                if not poller.poll(CHECK_S * 1000):
                     if self._done.is_set():
                         break  # something outside the launch still holds the pipe
                     continue
