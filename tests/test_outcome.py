@@ -16,7 +16,15 @@ import signal
 import pytest
 
 from xlaunch.result.errors import LaunchError, LaunchTimeout, ProcessFailure, rank_ranges
-from xlaunch.result.outcome import NodeFacts, Outcome, RankExit, Unheard, judge, restarting
+from xlaunch.result.outcome import (
+    NodeFacts,
+    Outcome,
+    RankExit,
+    Unheard,
+    judge,
+    lost_a_peer,
+    restarting,
+)
 from xlaunch.result.report import LaunchReport
 
 TERM, KILL, SEGV, ABRT = signal.SIGTERM, signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT
@@ -372,3 +380,11 @@ def test_what_a_node_tells_the_others_is_bounded_and_plain():
     assert (shared.stack, shared.error_file, shared.full_text) == ("", None, None)
     back = ProcessFailure.from_json(shared.to_json())
     assert back == shared and (back.node, back.host) == (1, "h2")
+
+
+def test_a_gloo_transport_error_is_a_lost_peer_whatever_its_words():
+    failure = record(1, 5, "RuntimeError", "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/"
+                     "tcp/pair.cc:538] Read error [10.77.0.3]:4242: op.preamble.length <= "
+                     "op.nbytes. 8 vs 4")
+    assert lost_a_peer(failure)
+    assert not lost_a_peer(record(1, 5, "RuntimeError", "CUDA error: out of memory"))
