@@ -35,6 +35,25 @@ ROUND = """
         import torch.distributed as dist
         return dist.get_world_size()
 
+    def still_running(settle):
+        # A stop during the first launch's import of torch leaves that import to finish in the
+        # launch thread (it cannot be cut short), and CUDA builds of torch run `ldconfig -p` as
+        # they import (torch 2.15): a child of the caller for a few milliseconds, not the
+        # launch's. What is still running once such children ended on their own (`settle`
+        # seconds at most) is left; a worker left would sleep for 100 s, the tree's guard for ever.
+        deadline = time.monotonic() + settle
+        while True:
+            left = {}
+            for p in psutil.Process().children(recursive=True):
+                try:
+                    if p.status() != "zombie":
+                        left[p.pid] = " ".join(p.cmdline())
+                except psutil.NoSuchProcess:
+                    pass
+            if not left or time.monotonic() >= deadline:
+                return [f"{pid} {command}" for pid, command in left.items()]
+            time.sleep(0.05)
+
     def one_round(delay):
         timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
         try:
@@ -46,7 +65,7 @@ ROUND = """
         except KeyboardInterrupt:
             outcome = "interrupted"
         timer.join()
-        left = [p.pid for p in psutil.Process().children(recursive=True) if p.status() != "zombie"]
+        left = still_running(settle=5.0 if sys.argv[5] == "fresh" else 0.0)
         relaunch = xlaunch.notebook_launcher(world, num_processes=2)
         return {"delay": delay, "outcome": outcome, "left": left, "relaunch": relaunch}
 
