@@ -15,7 +15,7 @@ from tests.hosts.netns import PYTHON, Host, node_env, wait_for
 pytestmark = pytest.mark.timeout(240)
 
 NODE = '''
-import socket, sys, time, xlaunch
+import socket, sys, threading, time, xlaunch
 from pathlib import Path
 
 scenario, node_rank, folder, nodes = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
@@ -35,7 +35,14 @@ def train():
     dist.all_reduce(total)
     (folder / f"joined-{rank}-{state.restart_count}").touch()
     if scenario.startswith("raise") and rank == 3:
-        time.sleep(0.5)
+        if scenario == "raise-late":  # its process outlives its group: its peer here ends first
+            def close_late():
+                time.sleep(1)
+                dist.destroy_process_group()
+                time.sleep(3)
+            threading.Thread(target=close_late).start()
+        else:
+            time.sleep(0.5)
         raise RuntimeError("rank three gives up")
     if scenario == "raise-busy" or scenario == "cut":
         time.sleep(120)  # computing, no collective: its launch must stop it
@@ -75,11 +82,13 @@ def restart_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("xlaunch: restarting")]
 
 
-@pytest.mark.parametrize("scenario", ["raise-waiting", "raise-busy"])
+@pytest.mark.parametrize("scenario", ["raise-waiting", "raise-busy", "raise-late"])
 def test_the_healthy_hosts_error_leads_with_the_rank_that_raised_on_the_other_host(
         hosts, tmp_path, scenario):
     """raise-waiting: host 1's ranks wait on rank 3 in a barrier (they lose a peer);
-    raise-busy: they compute, and their launch stops them (the issue's case)."""
+    raise-busy: they compute, and their launch stops them (the issue's case);
+    raise-late: rank 3 raised, but its process (held by a thread) lets its group go a second
+    later: rank 2, beside it, lost it and ended first, and was told first."""
     outputs = launch(hosts, tmp_path, scenario)
     for out, err in outputs:
         assert "ended by LaunchError the launch failed: rank 3 on node 1 (host xlhost2) raised " \

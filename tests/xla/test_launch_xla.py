@@ -347,13 +347,18 @@ THREADS_SPEAK = """
     import logging, os, sys, threading
     import xlaunch
     logging.basicConfig(format="%(levelname)s %(message)s")  # made before the launch
+    # The two replicas' threads meet before either ends: a thread's ident is reused once it ended,
+    # so under load replica 1's thread, started after replica 0's ended, could print the same one.
+    both_alive = threading.Barrier(2)
 
     def speak():
         rank = xlaunch.ProcessState().process_index
+        both_alive.wait(timeout=120)
         for line in range(3):
             print(f"line {line} from replica {rank} in {os.getpid()}/{threading.get_ident()}")
         print(f"stderr of replica {rank}", file=sys.stderr)
         logging.getLogger("train").warning("logged by replica %d", rank)
+        both_alive.wait(timeout=120)
         return rank
 
     print("RESULT", xlaunch.notebook_launcher(speak), flush=True)
@@ -363,7 +368,7 @@ THREADS_SPEAK = """
 def test_replicas_that_are_threads_of_one_process_each_prefix_their_lines() -> None:
     """Two XLA CPU devices: one process, a replica per thread (as TPU v2/v3 run two); every line
     a replica prints, to stdout, stderr or through a handler made before the launch, carries
-    its own rank. No collective: the printing alone."""
+    its own rank. No collective: the printing alone (the threads meet at a threading.Barrier)."""
     script = run_script(THREADS_SPEAK, env={**os.environ, "CPU_NUM_DEVICES": "2"})
     out, err = script.communicate(timeout=SUBPROCESS_TIMEOUT_S)
     assert script.returncode == 0, err[-3000:]

@@ -179,7 +179,7 @@ def failures_of(exits: Sequence[RankExit], timed_out: bool,
     whole = world_size is None or len(exits) >= world_size
     if waiting and whole and all(f.secondary for f in failures):
         failures += [_finished_early(e, waiting) for e in exits if e.returned]
-    return sorted(failures, key=_precedence)
+    return sorted(failures, key=precedence)
 
 
 def died_after_returning(rank_exit: RankExit) -> bool:
@@ -188,7 +188,8 @@ def died_after_returning(rank_exit: RankExit) -> bool:
             and -code not in rank_exit.signals_sent)
 
 
-def _precedence(failure: ProcessFailure) -> tuple[int, int, int]:
+def precedence(failure: ProcessFailure) -> tuple[int, int, int]:
+    """Where a failure stands among the others: the smallest is the root cause."""
     timed = failure.cause in (Cause.RAISED, Cause.LOST_PEER)  # the rank's own clock says when
     return (failure.cause.precedence, failure.timestamp_ns if timed else 0, failure.rank)
 
@@ -295,7 +296,7 @@ def across_nodes(failures: list[ProcessFailure], nodes: NodeFacts | None) -> lis
     if nodes is None or not failures:
         return failures
     here = [dataclasses.replace(f, node=nodes.node, host=nodes.host) for f in failures]
-    there = sorted((f for f in nodes.elsewhere if not f.secondary), key=_precedence)
+    there = sorted((f for f in nodes.elsewhere if not f.secondary), key=precedence)
     there += [failure for node in nodes.unheard for failure in _unheard(node)]
     return [*(f for f in here if not f.secondary), *there, *(f for f in here if f.secondary)]
 

@@ -34,6 +34,7 @@ from xlaunch.backends.environment import World
 from xlaunch.backends.processes import LaunchStopped
 from xlaunch.names import CHECK_S
 from xlaunch.plan.specs import ElasticSpec, LaunchPlan
+from xlaunch.result.errors import ProcessFailure
 from xlaunch.result.outcome import (
     NodeFacts,
     RankExit,
@@ -41,6 +42,7 @@ from xlaunch.result.outcome import (
     cause_elsewhere,
     lead_line,
     node_failure,
+    precedence,
 )
 
 # /<node rank>: that node's process count and host name
@@ -75,6 +77,7 @@ class NodeRendezvous:
         self._watches: dict[int, StoreWatch] = {}  # attempt -> what the store says of the others
         self._attempt = -1
         self._unheard: dict[int, tuple[Unheard, ...]] = {}  # attempt -> the nodes given up on
+        self._told: dict[int, list[ProcessFailure]] = {}  # attempt -> this node's failures told
         self._next_say = 0.0
         self._closed = threading.Event()
 
@@ -248,15 +251,22 @@ class NodeRendezvous:
         return telling
 
     def report_failure(self, attempt: int, rank_exit: RankExit) -> None:
-        """Tell the other nodes which rank failed here, and how (as the judge sees it)."""
+        """Tell the other nodes which rank failed here, and how (as the judge sees it): the first
+        rank that ended in failure, then any that ranks before everything told so far (one that
+        lost its peer here can end before the peer that raised; each is told under its own key)."""
         watch = self._watches.get(attempt)
         failure = node_failure(rank_exit)
         if watch is None or failure is None:
             return
+        told_here = self._told.setdefault(attempt, [])
+        if told_here and precedence(failure) >= min(map(precedence, told_here)):
+            return
+        number = len(told_here)
+        told_here.append(failure)
         told = dataclasses.replace(failure, node=self.node_rank, host=self.host).to_share()
 
         def tell() -> None:
-            watch.store.set(watch.key(FAILURE_KEY), told.to_json())
+            watch.store.set(watch.key(FAILURE_KEY, told=number), told.to_json())
             watch.store.add(watch.key(FAILED_KEY), 1)  # after the record: read once counted
         self._tell(tell)
 

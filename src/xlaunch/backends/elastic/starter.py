@@ -75,10 +75,14 @@ class DistStarter:
             for process in owner.wait(pending, self.spec.monitor_interval):
                 pending.remove(process)
                 rank = world.rank_offset + local_rank[process]
-                if self._failed(attempt, owner.exitcode(process), rank) and not owner.stopped():
-                    if self.nodes is not None:  # which rank, and how: the others lead with it
-                        self.nodes.report_failure(attempt.number,
-                                                  attempt.exits()[local_rank[process]])
+                if not self._failed(attempt, owner.exitcode(process), rank):
+                    continue
+                if self.nodes is not None:  # which rank, and how: the others lead with it
+                    # Every failed rank, after the stop too: a rank that lost its peer here may
+                    # be seen ending before the peer that raised (the report keeps the first
+                    # and any that ranks before it; a rank the stop ended has no record).
+                    self.nodes.report_failure(attempt.number, attempt.exits()[local_rank[process]])
+                if not owner.stopped():
                     attempt.stop_all()  # this rank failed: its peers go too, as under torchrun
             elsewhere = self.nodes.failed_elsewhere(attempt.number) if self.nodes else None
             if elsewhere is not None and pending and not owner.stopped():

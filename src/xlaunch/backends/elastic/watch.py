@@ -2,9 +2,12 @@
 
 What each node writes, under xlaunch's own keys (per attempt, so a restart starts clean):
 
-- ``FAILURE_KEY``/<node>: the failure that made that node stop its workers (a `ProcessFailure`
-  record as JSON, bounded: `ProcessFailure.to_share`), then ``FAILED_KEY`` counts it: a node that
-  sees the count grow reads the records it has not read yet, and stops its own workers;
+- ``FAILURE_KEY``/<node>/<n>: that node's n-th failure told (a `ProcessFailure` record as JSON,
+  bounded: `ProcessFailure.to_share`), then ``FAILED_KEY`` counts it: a node that sees the count
+  grow reads the records it has not read yet, and stops its own workers. A node tells its first
+  failed rank, then any later one that ranks before all it told (its ranks' ends are seen in no
+  fixed order: a rank that lost its peer can end before the peer that raised), each under a key
+  of its own, so none is overwritten before every node read it;
 - ``ALIVE_KEY``/<node>: a counter it adds to every ``keep_alive_interval`` while its attempt runs,
   and adds ``ENDED`` to when its attempt has ended (its workers all gone): a node not heard from
   for ``keep_alive_interval x keep_alive_max_attempt`` that never said it ended is lost (torch
@@ -27,7 +30,7 @@ from typing import Any
 from xlaunch.result.errors import ProcessFailure
 
 FAILED_KEY = "xlaunch/failed/attempt_{attempt}"  # how many nodes told a failure
-FAILURE_KEY = "xlaunch/failure/attempt_{attempt}/{node}"  # that node's failure, as JSON
+FAILURE_KEY = "xlaunch/failure/attempt_{attempt}/{node}/{told}"  # its told-th failure, as JSON
 ALIVE_KEY = "xlaunch/alive/attempt_{attempt}/{node}"  # that node's heartbeats; + ENDED at its end
 ENDED = 1 << 40
 FAILED_AT_ONCE_S = 1.0  # a store call that fails sooner was refused: the store's host has gone
@@ -42,15 +45,16 @@ class StoreWatch:
         self.answered_at = now  # the last store call that came back
         self.heard_at = dict.fromkeys(others, now)  # each node's last heartbeat seen
         self.ended: set[int] = set()
-        self.records: dict[int, ProcessFailure] = {}  # node -> the failure it told
+        self.records: dict[tuple[int, int], ProcessFailure] = {}  # (node, n) -> its n-th told
         self.gone = False  # the store refused a call: its host ended; nothing more to hear
         self.stopped = False  # this thread has ended (superseded, closed, or the store lost)
         self._beats: dict[int, int] = {}
         self.changed = threading.Condition()
         threading.Thread(target=self._run, daemon=True, name="xlaunch-store-watch").start()
 
-    def key(self, template: str, node: int | None = None) -> str:
-        return template.format(attempt=self.attempt, node=self.node if node is None else node)
+    def key(self, template: str, node: int | None = None, told: int = 0) -> str:
+        return template.format(attempt=self.attempt, node=self.node if node is None else node,
+                               told=told)
 
     # --- in its own thread ----------------------------------------------------------------------
 
@@ -90,11 +94,14 @@ class StoreWatch:
         return answer
 
     def _read_records(self) -> None:
+        """Each node's told failures not read yet, in its order (a record is set before it is
+        counted: one a slower telling thread has not set yet is read at its own count)."""
         for node in self.others:
-            key = self.key(FAILURE_KEY, node)
-            if node not in self.records and self._call(self.store.check, [key]):
+            told = sum(1 for other, _ in self.records if other == node)
+            while self._call(self.store.check, [key := self.key(FAILURE_KEY, node, told)]):
                 record = ProcessFailure.from_json(self._call(self.store.get, key).decode())
-                self.records[node] = record
+                self.records[(node, told)] = record
+                told += 1
 
     def _hear(self) -> None:
         for node in self.others:
