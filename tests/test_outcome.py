@@ -382,9 +382,19 @@ def test_what_a_node_tells_the_others_is_bounded_and_plain():
     assert back == shared and (back.node, back.host) == (1, "h2")
 
 
-def test_a_gloo_transport_error_is_a_lost_peer_whatever_its_words():
-    failure = record(1, 5, "RuntimeError", "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/"
-                     "tcp/pair.cc:538] Read error [10.77.0.3]:4242: op.preamble.length <= "
-                     "op.nbytes. 8 vs 4")
-    assert lost_a_peer(failure)
-    assert not lost_a_peer(record(1, 5, "RuntimeError", "CUDA error: out of memory"))
+def test_gloo_says_a_peer_went_away_in_words_and_a_mismatch_is_the_ranks_own():
+    """gloo's own texts (torch 2.13): a peer gone is in its words; two ranks all-reducing tensors
+    of different sizes fail in the same transport file (the rank that received too much: a
+    gloo::EnforceNotMet), and that is their own error."""
+    gone = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+            "closed by peer [10.77.0.3]:6350. This is typically caused by a remote worker "
+            "crashing. Check the logs of the remote worker before reporting an error.")
+    reset = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+             "[127.0.0.1]:29368: Connection reset by peer.")
+    assert lost_a_peer(record(1, 5, "RuntimeError", gone))
+    assert lost_a_peer(record(1, 5, "RuntimeError", reset))
+    mismatch = ("[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+                "pair.cc:456] op.preamble.length <= op.nbytes. 100000 vs 4. Received data size "
+                "doesn't match expected size. Is there a distributed collective mismatch in your "
+                "code?")
+    assert not lost_a_peer(record(1, 5, "RuntimeError", mismatch))

@@ -60,11 +60,7 @@ SENDING = "while sending its result back to the caller"  # a rank that died then
 # How gloo, NCCL and XLA report that a peer went away: the consequence of a failure, never its cause.
 PEER_LOSS = ("closed by peer", "reset by peer", "broken pipe", "remote process exited",
              "communicator was aborted", "connection refused", "connection closed",
-             "peer closed", "socket closed",
-             # gloo's transport, whatever its words: its pairs fail when a peer went away
-             # (a three-host restart's node judged its own "[.../gloo/transport/tcp/pair.cc:…]"
-             # error the root cause, over the rank that raised on another host)
-             "gloo/transport/")
+             "peer closed", "socket closed")
 
 
 @dataclass(frozen=True)
