@@ -326,7 +326,7 @@ def test_the_owner_returns_from_asking_for_stacks_once_each_dump_is_whole(tmp_pa
         while not ready.exists():
             assert worker.is_alive(), "the process ended before it was ready"
             time.sleep(0.01)
-        assert owner.ask_stacks([worker.pid]) == [worker.pid]
+        assert owner.ask_stacks([worker.pid], {worker.pid: [stack]}) == [worker.pid]
         read_at_once = stack.read_text()
         owner.stop()
     finally:
@@ -335,3 +335,39 @@ def test_the_owner_returns_from_asking_for_stacks_once_each_dump_is_whole(tmp_pa
     assert read_at_once == stack.read_text()
     assert read_at_once.count("Thread 0x") + read_at_once.count("Current thread 0x") == 61
     assert read_at_once.count("in deep") >= 61 * 40
+
+
+def writes_its_stack_late(stack_file: str, ready_file: str) -> None:
+    """A handler that writes after the kernel is done with the signal: Python's own handlers run
+    later, in the main thread (as a dump not begun yet, the signal taken, its frame being set)."""
+    import signal
+
+    from xlaunch.worker.launch_dir import STACK_SIGNAL
+
+    def late(number: int, frame: object) -> None:
+        time.sleep(0.5)
+        Path(stack_file).write_text("the whole dump\n")
+
+    signal.signal(STACK_SIGNAL, late)
+    Path(ready_file).write_text("ready")
+    while True:
+        time.sleep(0.05)
+
+
+def test_asking_for_stacks_waits_for_the_file_where_the_kernel_has_nothing_pending(tmp_path: Path):
+    """The kernel's masks say nothing between a signal's taking and its handler's start: the
+    owner waits for the stack file to grow too (before: it returned at once, the file empty)."""
+    from xlaunch.backends.processes import ProcessSet
+
+    owner = ProcessSet(grace=1.0)
+    stack, ready = tmp_path / "stack", tmp_path / "ready"
+    try:
+        worker = owner.start("fork", writes_its_stack_late, (str(stack), str(ready)), "late")
+        while not ready.exists():
+            assert worker.is_alive(), "the process ended before it was ready"
+            time.sleep(0.01)
+        assert owner.ask_stacks([worker.pid], {worker.pid: [stack]}) == [worker.pid]
+        assert stack.read_text() == "the whole dump\n"
+        owner.stop()
+    finally:
+        owner.close()

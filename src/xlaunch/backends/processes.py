@@ -41,8 +41,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from xlaunch._compat import default_start_method_kept
@@ -165,29 +166,36 @@ class ProcessSet:
 
     # --- stop --------------------------------------------------------------------------------
 
-    def ask_stacks(self, pids: Iterable[int], wait: float = STACKS_WAIT_S) -> list[int]:
+    def ask_stacks(self, pids: Iterable[int], files: Mapping[int, Sequence[Path]] | None = None,
+                   wait: float = STACKS_WAIT_S) -> list[int]:
         """Ask each live worker for its Python stack (faulthandler writes it to its file), and
         return once each asked one has written all of it, or has ended, or ``wait`` has passed.
 
         faulthandler writes a dump in many small writes, so a file with text in it may be half a
         dump. When the dump is done is a fact the kernel keeps: the signal is pending until a
         thread takes it, and blocked in that thread while the handler runs (faulthandler's
-        handler does not chain, so it does not unblock itself). Where /proc does not say (macOS),
-        the reader settles for a file with text in it.
+        handler does not chain, so it does not unblock itself). Between the two, while the kernel
+        sets up the handler's frame, the signal is neither: so where ``files`` names a pid's
+        stack files (several ranks may share a process), it is done only once one of them has
+        also grown. Where /proc does not say (macOS), the reader settles for a file with text.
         """
+        files = files or {}
         asked = []
         before: dict[int, frozenset[int]] = {}
+        sizes: dict[int, tuple[int, ...]] = {}
         for pid in pids:
             if self._member(pid):
                 before[pid] = _threads_blocking(pid, STACK_SIGNAL)
+                sizes[pid] = _sizes(files.get(pid, ()))
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, STACK_SIGNAL)
                     asked.append(pid)
         deadline = time.monotonic() + wait
         waiting = set(asked)
         while waiting and time.monotonic() < deadline:
-            waiting = {pid for pid in waiting
-                       if _handling(pid, STACK_SIGNAL, before[pid]) and not _zombie(pid)}
+            waiting = {pid for pid in waiting if not _zombie(pid) and (
+                _handling(pid, STACK_SIGNAL, before[pid])
+                or (pid in files and _sizes(files[pid]) == sizes[pid]))}
             if waiting:
                 time.sleep(POLL_S)
         return asked
@@ -342,6 +350,17 @@ def _zombie(pid: int) -> bool:
             return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"
     except (OSError, IndexError):
         return False
+
+
+def _sizes(paths: Iterable[Path]) -> tuple[int, ...]:
+    """Each file's size, 0 for one not there."""
+    sizes = []
+    for path in paths:
+        try:
+            sizes.append(path.stat().st_size)
+        except OSError:
+            sizes.append(0)
+    return tuple(sizes)
 
 
 def _signal_masks(pid: int) -> dict[str, tuple[int, int, int]]:

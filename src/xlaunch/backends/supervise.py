@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Protocol
 
 from xlaunch.backends.displays import DisplayRelay
@@ -50,6 +51,7 @@ from xlaunch.worker.launch_dir import (
     noted,
     read_rank_reports,
     settled,
+    stack_path,
     worker_pids,
 )
 from xlaunch.worker.value import read_value
@@ -125,7 +127,10 @@ class Attempt:
             owner = self.owner
         if owner is not None:
             pids = worker_pids(self.folder)
-            asked = set(owner.ask_stacks(set(pids.values())))
+            files: dict[int, list[Path]] = {}
+            for rank, pid in pids.items():
+                files.setdefault(pid, []).append(stack_path(self.folder, rank))
+            asked = set(owner.ask_stacks(set(pids.values()), files))
             stacks = collect_stacks(self.folder, [r for r, pid in pids.items() if pid in asked])
             by_pid = {pids[rank]: text for rank, text in stacks.items() if text}
             # Replicas that share a process (v2/v3) share its dump.

@@ -366,6 +366,11 @@ def read_crashes(attempt_dir: Path) -> dict[int, tuple[int, str]]:
     return crashes
 
 
+def stack_path(attempt_dir: Path, rank: int) -> Path:
+    """Where rank ``rank``'s stack is written when the owner asks for it."""
+    return attempt_dir / STACK.format(rank)
+
+
 def read_stacks(attempt_dir: Path) -> dict[int, str]:
     stacks = {}
     for rank, stack_file in _numbered(attempt_dir, STACK):
@@ -378,8 +383,8 @@ def read_stacks(attempt_dir: Path) -> dict[int, str]:
 
 def collect_stacks(attempt_dir: Path, ranks: list[int], wait: float = STACKS_WAIT_S) -> dict[int, str]:
     """The stacks the ``ranks`` asked (by the launch's owner) wrote. The owner returns once the
-    kernel says each dump is whole (`ProcessSet.ask_stacks`); where it cannot say, a file with
-    text in it is waited for here, up to ``wait``."""
+    kernel says each dump is whole and its file has grown (`ProcessSet.ask_stacks`); where it
+    cannot say, a file with text in it is waited for here, up to ``wait``."""
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         stacks = read_stacks(attempt_dir)

@@ -31,13 +31,13 @@ from xlaunch.worker.displays import DisplaySink, route_displays
 from xlaunch.worker.hints import hint_for
 from xlaunch.worker.launch_dir import (
     OUTPUT_LOCK,
-    STACK,
     STACK_SIGNAL,
     LaunchDir,
     Mark,
     cancelled,
     note,
     record_failure,
+    stack_path,
     write_pid,
 )
 from xlaunch.worker.measure import dynamo_since, write_rank_report
@@ -76,7 +76,7 @@ class Worker:
         self.cancelled = cancelled(self.folder)
         # Before the pid is written: the owner asks for stacks only of a rank whose pid it has
         # read, and STACK_SIGNAL would end a process that had no handler for it.
-        self._stack_file: IO[str] = open(private_file(self.folder / STACK.format(rank)), "w")
+        self._stack_file: IO[str] = open(private_file(stack_path(self.folder, rank)), "w")
         faulthandler.register(STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         write_pid(self.folder, rank, local_rank)
         if self.cancelled:
