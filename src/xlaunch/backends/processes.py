@@ -193,9 +193,13 @@ class ProcessSet:
         deadline = time.monotonic() + wait
         waiting = set(asked)
         while waiting and time.monotonic() < deadline:
+            # The file first, then the masks: a file grown means the handler had begun, so the
+            # signal was blocked from then on; the masks read after it free of the signal mean
+            # the handler has ended since (read the other way round, a file grown a moment
+            # after masks read in that gap would pass a dump still being written).
+            grown = {pid for pid in waiting if pid not in files or _sizes(files[pid]) != sizes[pid]}
             waiting = {pid for pid in waiting if not _zombie(pid) and (
-                _handling(pid, STACK_SIGNAL, before[pid])
-                or (pid in files and _sizes(files[pid]) == sizes[pid]))}
+                pid not in grown or _handling(pid, STACK_SIGNAL, before[pid]))}
             if waiting:
                 time.sleep(POLL_S)
         return asked
